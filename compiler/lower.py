@@ -1,0 +1,514 @@
+"""AST -> canonical IR. One rule per slot (SLOT_RULES); each validates its line and returns IR parts.
+
+Lets are inlined, so every IR expression is over input/param symbols only. The slots are lowered in a
+fixed order (gain and precond before solve, which needs both), whatever order the spec wrote them in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import sympy as sp
+
+from ..dsl import ast
+from ..dsl.check import Kind, Scope, check_declarations
+from ..dsl.errors import (
+    DuplicateSlot,
+    Loc,
+    MissingSlot,
+    NotAnInput,
+    NotLogDomain,
+    NotReal,
+    NotStatic,
+    NotUnitInterval,
+    PlacementError,
+    SpecError,
+    UnexpectedMap,
+    UnknownKeyword,
+    UnknownSlotOption,
+    UnsupportedCombination,
+    UnusedInput,
+    VectorAsScalar,
+    WrongArguments,
+    WrongKind,
+    did_you_mean,
+)
+from .exprs import FUNCTIONS
+from .ir import HEAD_INDEX, IR, KTILDE, STAT, Decay, DiagPrecond, Precond, ReadCorrection, Solve, TensorDecl, analyse
+
+_ASSUMPTIONS = {
+    "log_gate": {"nonpositive": True, "real": True},
+    "unit": {"positive": True},
+    "positive": {"positive": True},
+    "free": {"real": True},
+}
+
+
+def symbol(name: str, domain: str = "free") -> sp.Symbol:
+    return sp.Symbol(name, **_ASSUMPTIONS[domain])
+
+
+@dataclass
+class Lowering:
+    """State threaded through the slot rules."""
+
+    spec: ast.Spec
+    scope: Scope
+    slots: dict[str, ast.Slot] = field(default_factory=dict)
+    parts: dict[str, object] = field(default_factory=dict)
+    _let_cache: dict[str, sp.Expr] = field(default_factory=dict)
+
+    # --- expressions ---------------------------------------------------------------------------
+    def sym(self, e: ast.Expr) -> sp.Expr:
+        """AST expression -> sympy, lets inlined. Numbers are Floats: no big-integer towers."""
+        match e:
+            case ast.Num(value=v):
+                out: sp.Expr = sp.Integer(int(v)) if v == int(v) and abs(v) <= 16 else sp.Float(v)
+            case ast.Var(name=n):
+                if n == "A" and "A" in self.scope.extra:
+                    out = STAT
+                elif n == "head_index":
+                    out = HEAD_INDEX
+                elif n in self.scope.lets:
+                    if n not in self._let_cache:
+                        self._let_cache[n] = self.sym(self.scope.lets[n][0].expr)
+                    out = self._let_cache[n]
+                else:
+                    d = self.scope.decls[n]
+                    out = symbol(n, d.domain)
+            case ast.Neg(operand=o):
+                out = -self.sym(o)
+            case ast.BinOp(op=op, left=l, right=r):
+                a, b = self.sym(l), self.sym(r)
+                out = {"+": a + b, "-": a - b, "*": a * b}.get(op) if op in "+-*" else None
+                if op == "/":
+                    out = a / b
+                elif op == "**":
+                    out = sp.Pow(a, b) if not (b.is_Integer and int(b) > 16) else sp.Pow(a, sp.Float(b))
+            case ast.Call(func=f, args=args):
+                out = FUNCTIONS[f][1](*(self.sym(x) for x in args))  # type: ignore[arg-type]
+            case _:
+                raise TypeError(type(e))
+        if out.has(sp.zoo, sp.nan, sp.oo, -sp.oo, sp.I):
+            raise NotReal(e.loc, expr=ast.expr_text(e))
+        return out
+
+    def typed(self, e: ast.Expr | ast.KwArg, what: str, *, vec: tuple[str | None, ...],
+              fix: str = "") -> tuple[sp.Expr, Kind]:
+        if isinstance(e, ast.KwArg):
+            e = e.value
+        k = self.scope.kind_of(e)
+        if k.vec not in vec:
+            if None in vec and len(vec) == 1:
+                raise VectorAsScalar(e.loc, what=what, expr=ast.expr_text(e), kind=k.vec)
+            expected = " or ".join({None: "a scalar", "key": "a key-channel vector",
+                                    "value": "a value-channel vector"}[v] for v in vec)
+            raise WrongKind(e.loc, what=what, expected=expected, expr=ast.expr_text(e), kind=k.describe(),
+                            fix=fix or f"make {what} {expected}")
+        return self.sym(e), k
+
+    def nonpositive(self, e: ast.Expr, x: sp.Expr, what: str) -> None:
+        if x.is_nonpositive is not True:
+            raise NotLogDomain(e.loc, what=what, expr=ast.expr_text(e))
+
+    def static(self, e: ast.Expr, where: str) -> None:
+        for v in self.scope.names_in(e):
+            if v.name in self.scope.decls and not self.scope.decls[v.name].is_param:
+                raise NotStatic(v.loc, where=where, name=v.name)
+            if v.name in self.scope.lets and self.scope.lets[v.name][1].varies == "token":
+                raise NotStatic(v.loc, where=where, name=v.name)
+
+
+# --- slot options --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Option:
+    word: str
+    loc: Loc
+    args: tuple[ast.Expr, ...]
+    kwargs: dict[str, ast.KwArg]
+
+
+def _option(slot: ast.Slot, options: tuple[str, ...]) -> Option:
+    if len(slot.args) != 1 or isinstance(slot.args[0], ast.KwArg):
+        raise WrongArguments(slot.slot_loc, option=slot.slot, problem="takes one option",
+                             usage=f"`{slot.slot} {options[0]}`")
+    a = slot.args[0]
+    match a:
+        case ast.Var(name=w, loc=loc):
+            word, args, kwargs = w, (), {}
+        case ast.Call(func=w, args=xs, loc=loc):
+            word = w
+            args = tuple(x for x in xs if not isinstance(x, ast.KwArg))
+            kwargs = {x.name: x for x in xs if isinstance(x, ast.KwArg)}
+        case _:
+            raise UnknownSlotOption(a.loc, slot=slot.slot, word=ast.expr_text(a), options=", ".join(options))
+    if word not in options:
+        raise UnknownSlotOption(loc, hint=did_you_mean(word, options) or f"{slot.slot} options: {', '.join(options)}",
+                                slot=slot.slot, word=word, options=", ".join(options))
+    return Option(word, loc, args, kwargs)
+
+
+def _only(opt: Option, positional: int, keywords: tuple[str, ...], usage: str, required: int | None = None) -> None:
+    need = positional if required is None else required
+    if not need <= len(opt.args) <= positional:
+        n = f"{positional}" if need == positional else f"{need} to {positional}"
+        raise WrongArguments(opt.loc, option=opt.word, problem=f"takes {n} positional argument(s), got {len(opt.args)}",
+                             usage=usage)
+    for k, kw in opt.kwargs.items():
+        if k not in keywords:
+            raise UnknownKeyword(kw.loc, hint=did_you_mean(k, keywords) or f"arguments of {opt.word}: "
+                                 f"{', '.join(keywords) or 'none'}", option=opt.word, word=k,
+                                 known=", ".join(keywords) or "none")
+
+
+def _no_extras(slot: ast.Slot, allow_map: bool = False, allow_on: bool = False) -> None:
+    if slot.map is not None and not allow_map:
+        raise UnexpectedMap(slot.map.loc)
+    if slot.placement is not None and not allow_on:
+        raise WrongArguments(slot.placement.loc, option=slot.slot, problem="takes no `on` placement",
+                             usage=f"`{slot.slot} ...` without `on ...`")
+
+
+def _constant(low: Lowering, e: ast.Expr, what: str) -> float:
+    low.static(e, what)
+    x = low.sym(e)
+    if x.free_symbols:
+        names = ", ".join(sorted(s.name for s in x.free_symbols))
+        raise WrongKind(e.loc, what=what, expected="a number", expr=ast.expr_text(e), kind=f"depends on {names}",
+                        fix="write a number")
+    value = float(x)
+    if not math.isfinite(value):
+        raise NotReal(e.loc, expr=ast.expr_text(e))
+    return value
+
+
+# --- rules ---------------------------------------------------------------------------------------
+def rule_normalize(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    names: list[str] = []
+    eps = 1e-6
+    for a in slot.args:
+        if isinstance(a, ast.KwArg):
+            if a.name != "eps":
+                raise UnknownKeyword(a.loc, option="normalize", word=a.name, known="eps")
+            eps = _constant(low, a.value, "normalize eps")
+            if eps < 0:
+                raise WrongKind(a.value.loc, what="eps", expected="a number >= 0", expr=ast.expr_text(a.value),
+                                kind=str(eps), fix="use e.g. eps = 1e-6")
+            continue
+        if not isinstance(a, ast.Var) or a.name not in ("q", "k"):
+            raise NotAnInput(a.loc, name=ast.expr_text(a), slot="normalize", what="query or key (q, k)",
+                             fix="write `normalize q, k`")
+        low.scope.used.add(a.name)
+        names.append(a.name)
+    low.parts["normalize"] = tuple(sorted(set(names), key=("q", "k").index))
+    low.parts["norm_eps"] = eps
+
+
+def rule_scale(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    if len(slot.args) != 1 or isinstance(slot.args[0], ast.KwArg):
+        raise WrongArguments(slot.slot_loc, option="scale", problem="takes one number", usage="`scale 0.125`")
+    value = _constant(low, slot.args[0], "scale")
+    if value <= 0:
+        raise WrongKind(slot.args[0].loc, what="scale", expected="positive", expr=ast.expr_text(slot.args[0]),
+                        kind=str(value), fix="the read is o = scale · S q; leave it out for dk ** -0.5")
+    low.parts["scale"] = value
+
+
+DECAY_OPTIONS = ("none", "scalar", "vector", "const")
+
+
+def rule_decay(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    opt = _option(slot, DECAY_OPTIONS)
+    usage = {"none": "`decay none`", "scalar": "`decay scalar(g)`", "vector": "`decay vector(g)`",
+             "const": "`decay const(1 - 2 ** (-5 - head_index))`"}[opt.word]
+    if opt.word == "none":
+        _only(opt, 0, (), usage)
+        low.parts["decay"] = Decay("none")
+        return
+    _only(opt, 1, (), usage)
+    arg = opt.args[0]
+    if opt.word == "scalar":
+        g, _ = low.typed(arg, "a scalar decay", vec=(None,))
+        low.nonpositive(arg, g, "scalar decay")
+        low.parts["decay"] = Decay("scalar", g)
+    elif opt.word == "vector":
+        g, k = low.typed(arg, "a vector decay", vec=("key",),
+                         fix="vector decay acts on key channels; use scalar(...) for one number per token")
+        low.nonpositive(arg, g, "vector decay")
+        low.parts["decay"] = Decay("vector", g)
+    else:
+        low.typed(arg, "a const decay", vec=(None,))
+        low.static(arg, "const decay")
+        gamma = low.sym(arg)
+        free = gamma.free_symbols - {HEAD_INDEX}
+        if free:
+            raise NotStatic(arg.loc, where="const decay", name=sorted(s.name for s in free)[0],
+                            hint="const(...) is fixed per head: use head_index and numbers; "
+                                 "a learned per-head decay is scalar(param)")
+        f = sp.lambdify(HEAD_INDEX, gamma, "math")
+        for h in range(256):
+            try:
+                val = float(f(h))
+            except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+                val = float("nan")
+            if not (0.0 < val <= 1.0):
+                raise NotUnitInterval(arg.loc, expr=ast.expr_text(arg), head=h)
+        low.parts["decay"] = Decay("const", sp.log(gamma))
+
+
+def rule_gain(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    beta: sp.Expr = sp.Integer(1)
+    gk: sp.Expr = sp.Integer(1)
+    gv: sp.Expr = sp.Integer(1)
+    positional = [a for a in slot.args if not isinstance(a, ast.KwArg)]
+    if len(positional) > 1:
+        raise WrongArguments(positional[1].loc, option="gain", problem="takes one scalar gain",
+                             usage="`gain beta` or `gain key = b, value = w`")
+    if positional:
+        beta, _ = low.typed(positional[0], "the gain", vec=(None,))
+    for a in slot.args:
+        if not isinstance(a, ast.KwArg):
+            continue
+        if a.name == "key":
+            gk, _ = low.typed(a, "the key gain", vec=("key", None))
+        elif a.name == "value":
+            gv, _ = low.typed(a, "the value gain", vec=("value", None))
+        else:
+            raise UnknownKeyword(a.loc, hint=did_you_mean(a.name, ("key", "value")) or None,
+                                 option="gain", word=a.name, known="key, value")
+    low.parts["gain"] = (beta, gk, gv)
+
+
+PRECOND_OPTIONS = ("none", "diag", "exact")
+
+
+def rule_precond(low: Lowering, slot: ast.Slot) -> None:
+    opt = _option(slot, PRECOND_OPTIONS)
+    if opt.word == "none":
+        _no_extras(slot)
+        _only(opt, 0, (), "`precond none`")
+        low.parts["precond"] = Precond("none")
+        return
+    _no_extras(slot, allow_map=opt.word == "diag", allow_on=True)
+    if slot.placement is None:
+        raise PlacementError(slot.loc, option=opt.word, got="nothing")
+    if slot.placement.name not in ("write_key", "query"):
+        raise PlacementError(slot.placement.loc, hint=did_you_mean(slot.placement.name, ("write_key", "query")) or None,
+                             option=opt.word, got=f"`{slot.placement.name}`")
+    placement = slot.placement.name
+    if opt.word == "exact":
+        _only(opt, 1, ("lambda",), "`precond exact(lambda = 1.0) on query`", required=0)
+        lam_e = opt.kwargs["lambda"].value if "lambda" in opt.kwargs else (opt.args[0] if opt.args else None)
+        lam = 1.0 if lam_e is None else _constant(low, lam_e, "exact lambda")
+        if lam <= 0:
+            assert lam_e is not None
+            raise WrongKind(lam_e.loc, what="lambda", expected="positive", expr=ast.expr_text(lam_e),
+                            kind=str(lam), fix="the ridge term λI must be positive definite")
+        low.parts["precond"] = Precond("exact", placement, lam=lam)
+        return
+    usage = "`precond diag(k * k, decay = gP, gain = betaP) -> exp(-log(1.5) * softsign(log(A + 1e-6) - mu)) on write_key`"
+    _only(opt, 1, ("decay", "gain"), usage)
+    stat, ks = low.typed(opt.args[0], "the diag statistic", vec=("key",))
+    kinds = [ks]
+    decay = gain = None
+    if "decay" in opt.kwargs:
+        d = opt.kwargs["decay"].value
+        kd = low.scope.kind_of(d)
+        if kd.vec is not None:
+            raise UnsupportedCombination(
+                d.loc, what="a per-channel decay of the diag statistic",
+                reason="the chunk form needs one decay per token (a vector makes the decay matrix c×c×dk)",
+                fix="use a per-token log-gate, e.g. `input gP : token log_gate key_head`")
+        decay = low.sym(d)
+        low.nonpositive(d, decay, "diag statistic decay")
+        kinds.append(kd)
+    if "gain" in opt.kwargs:
+        gain, kg = low.typed(opt.kwargs["gain"], "the diag statistic gain", vec=(None,))
+        kinds.append(kg)
+    if slot.map is None:
+        raise WrongArguments(slot.slot_loc, option="diag", problem="needs a map from the statistic A to a scale",
+                             usage=usage)
+    low.scope.extra["A"] = Kind("key", "token", ks.heads)
+    try:
+        mapping, km = low.typed(slot.map, "the diag map", vec=("key", None))
+    finally:
+        low.scope.extra.pop("A", None)
+    if STAT not in mapping.free_symbols:
+        raise WrongKind(slot.map.loc, what="the diag map", expected="a function of the statistic A",
+                        expr=ast.expr_text(slot.map), kind="independent of A",
+                        fix="write the scale as a function of A, e.g. exp(-log(1.5) * softsign(log(A + 1e-6) - mu))")
+    kinds.append(km)
+    heads = "key" if all(k.heads == "key" for k in kinds) else "value"
+    low.parts["precond"] = Precond("diag", placement, diag=DiagPrecond(stat, decay, gain, mapping, heads))
+
+
+SOLVE_OPTIONS = ("additive", "delta", "erase_write", "dplr")
+
+
+def rule_solve(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    opt = _option(slot, SOLVE_OPTIONS)
+    beta, gk, gv = low.parts.get("gain", (sp.Integer(1), sp.Integer(1), sp.Integer(1)))  # type: ignore[misc]
+    precond: Precond = low.parts.get("precond", Precond("none"))  # type: ignore[assignment]
+    k, v = symbol("k"), symbol("v")
+    key = KTILDE if precond.placement == "write_key" else k
+    target = gv * v
+    if opt.word == "additive":
+        _only(opt, 0, (), "`solve additive`")
+        low.parts["solve"] = Solve("additive", "additive", beta, target, gk * key)
+    elif opt.word in ("delta", "erase_write"):
+        _only(opt, 0, (), f"`solve {opt.word}`")
+        if opt.word == "erase_write" and gk == 1 and gv == 1:
+            raise UnsupportedCombination(
+                opt.loc, what="erase_write without vector gains",
+                reason="erase_write is GDN2's solve, S̄ + (w⊙v − S̄(b⊙k)) kᵀ, and needs `gain key = b, value = w`",
+                fix="add `gain key = b, value = w`, or write `solve delta`")
+        low.parts["solve"] = Solve("delta", opt.word, beta, target, key, erase_key=gk * k)
+    else:
+        _only(opt, 0, ("e", "f", "reads"), "`solve dplr(e = a, f = b, reads = undecayed)`")
+        for need in ("e", "f"):
+            if need not in opt.kwargs:
+                raise WrongArguments(opt.loc, option="dplr", problem=f"needs `{need} = ...`",
+                                     usage="`solve dplr(e = a, f = b)`")
+        e, _ = low.typed(opt.kwargs["e"], "the dplr erase vector e", vec=("key",))
+        f, _ = low.typed(opt.kwargs["f"], "the dplr erase vector f", vec=("key",))
+        reads = "decayed"
+        if "reads" in opt.kwargs:
+            r = opt.kwargs["reads"].value
+            if not isinstance(r, ast.Var) or r.name not in ("decayed", "undecayed"):
+                raise WrongArguments(r.loc, option="dplr", problem="`reads` is `decayed` or `undecayed`",
+                                     usage="`solve dplr(e = a, f = b, reads = undecayed)`")
+            reads = r.name
+        low.parts["solve"] = Solve("dplr", "dplr", beta, target, gk * key, e=e, f=f, erase_reads=reads)
+
+
+READ_OPTIONS = ("plain", "curvature")
+
+
+def rule_read(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    opt = _option(slot, READ_OPTIONS)
+    if opt.word == "plain":
+        _only(opt, 0, (), "`read plain`")
+        low.parts["read"] = ReadCorrection("none")
+        return
+    usage = "`read curvature(lam, centered)` or `read curvature(lam, uncentered)`"
+    _only(opt, 2, (), usage, required=1)
+    lam, _ = low.typed(opt.args[0], "the curvature strength λ", vec=(None,))
+    centered = True
+    if len(opt.args) == 2:
+        mode = opt.args[1]
+        if not isinstance(mode, ast.Var) or mode.name not in ("centered", "uncentered"):
+            raise WrongArguments(mode.loc, option="curvature", problem="mode is `centered` or `uncentered`",
+                                 usage=usage)
+        centered = mode.name == "centered"
+    low.parts["read"] = ReadCorrection("curvature", lam, centered)
+
+
+ROUTE_OPTIONS = ("none", "value", "residual")
+
+
+def rule_route(low: Lowering, slot: ast.Slot) -> None:
+    _no_extras(slot)
+    opt = _option(slot, ROUTE_OPTIONS)
+    _only(opt, 0, (), f"`route {opt.word}`")
+    low.parts["route"] = opt.word
+
+
+# The order is the data dependence: solve reads gain and precond.
+SLOT_RULES: dict[str, Callable[[Lowering, ast.Slot], None]] = {
+    "normalize": rule_normalize,
+    "scale": rule_scale,
+    "decay": rule_decay,
+    "gain": rule_gain,
+    "precond": rule_precond,
+    "solve": rule_solve,
+    "read": rule_read,
+    "route": rule_route,
+}
+
+
+# --- combination rules: (predicate over the IR parts, located slot, what, reason, fix) -------------
+def _combination_checks(low: Lowering) -> None:
+    solve: Solve = low.parts["solve"]  # type: ignore[assignment]
+    precond: Precond = low.parts.get("precond", Precond("none"))  # type: ignore[assignment]
+    read: ReadCorrection = low.parts.get("read", ReadCorrection())  # type: ignore[assignment]
+    route = low.parts.get("route", "none")
+
+    def at(name: str) -> Loc:
+        return low.slots[name].loc
+
+    if precond.placement == "query" and solve.kind != "additive":
+        raise UnsupportedCombination(
+            at("precond"), what=f"a query preconditioner (ATQ) with a {solve.spelled} solve",
+            reason="ATQ reads P_t q_t from an accumulated state; with an erase the preconditioner no longer "
+                   "commutes with the write (ATQ ≡ ATK holds for additive-ATQ vs delta-ATK)",
+            fix="use `on write_key` (ATK) with this solve, or `solve additive`")
+    if precond.placement == "query" and read.kind != "none":
+        raise UnsupportedCombination(
+            at("read"), what="a curvature read correction together with a query preconditioner",
+            reason="both rewrite the query", fix="keep one of them")
+    if route == "residual" and solve.kind != "delta":
+        raise UnsupportedCombination(
+            at("route"), what=f"route residual with a {solve.spelled} solve",
+            reason="the residual r = v − S̄k is the delta family's erase target",
+            fix="use `route value`, or a delta/erase_write solve")
+    if solve.kind == "dplr" and precond.kind != "none":
+        raise UnsupportedCombination(
+            at("precond"), what="a preconditioner with a dplr solve",
+            reason="the dplr chunk form takes its write key as given", fix="drop the preconditioner")
+    if solve.kind == "dplr" and read.kind != "none":
+        raise UnsupportedCombination(
+            at("read"), what="a curvature read with a dplr solve",
+            reason="not derived for untied erase vectors yet", fix="use a delta or additive solve")
+
+
+def lower(spec: ast.Spec) -> IR:
+    """Check the AST and build the canonical IR, or raise a located SpecError."""
+    try:
+        return _lower(spec)
+    except SpecError as e:
+        raise e.attach(spec.source, spec.filename) from None
+
+
+def _lower(spec: ast.Spec) -> IR:
+    scope = check_declarations(spec)
+    low = Lowering(spec, scope)
+    for st in spec.statements:
+        if isinstance(st, ast.Slot):
+            if st.slot in low.slots:
+                raise DuplicateSlot(st.slot_loc, slot=st.slot, first_line=low.slots[st.slot].loc.line)
+            low.slots[st.slot] = st
+    if "solve" not in low.slots:
+        raise MissingSlot(spec.name_loc, name=spec.name, slot="solve",
+                          example="add e.g. `solve delta` or `solve additive`")
+    for name, rule in SLOT_RULES.items():
+        if name in low.slots:
+            rule(low, low.slots[name])
+    _combination_checks(low)
+    for name, d in scope.decls.items():
+        if name not in scope.used:
+            raise UnusedInput(d.loc, name=name)
+    inputs = tuple(
+        TensorDecl(d.name, d.role, d.is_param, d.heads, d.domain, d.default) for d in scope.decls.values()
+    )
+    ir = IR(
+        name=spec.name,
+        inputs=inputs,
+        normalize=low.parts.get("normalize", ()),  # type: ignore[arg-type]
+        norm_eps=low.parts.get("norm_eps", 1e-6),  # type: ignore[arg-type]
+        scale=low.parts.get("scale"),  # type: ignore[arg-type]
+        decay=low.parts.get("decay", Decay("none")),  # type: ignore[arg-type]
+        precond=low.parts.get("precond", Precond("none")),  # type: ignore[arg-type]
+        solve=low.parts["solve"],  # type: ignore[arg-type]
+        read=low.parts.get("read", ReadCorrection()),  # type: ignore[arg-type]
+        route=low.parts.get("route", "none"),  # type: ignore[arg-type]
+        lets=tuple((n, low.sym(ast.Var(n, Loc.point(1, 1)))) for n in scope.lets),
+    )
+    return replace(ir, structure=analyse(ir))

@@ -1,0 +1,255 @@
+"""Semantic checks on the AST: declarations, name resolution and the kind of every expression.
+
+A kind says how an elementwise expression varies: `vec` is None (one number), 'key' (per key
+channel, dk) or 'value' (per value channel, dv); `varies` is 'const', 'head' or 'token'; `heads` is
+'key' when everything it reads is per key head (and so shared by grouped value heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..compiler.exprs import FUNCTIONS
+from . import ast
+from .errors import (
+    BadDefault,
+    ConflictingDescriptor,
+    DuplicateDefinition,
+    KeywordInExpression,
+    Loc,
+    MissingCoreInput,
+    MissingRole,
+    MixedVectors,
+    ReservedName,
+    UndefinedName,
+    UnknownDescriptor,
+    UnknownFunction,
+    UnknownRole,
+    WrongArity,
+    WrongCoreRole,
+    did_you_mean,
+)
+
+ROLES_INPUT = ("key", "value", "token", "key_channel", "value_channel")
+ROLES_PARAM = ("head", "key_channel", "value_channel")
+DOMAINS = ("log_gate", "unit", "positive", "free")
+RESERVED = {
+    "head_index": "head_index is the built-in value-head index (for const decays)",
+    "A": "A names the diagonal preconditioner's statistic inside its map",
+    "ktilde": "ktilde is the preconditioned write key",
+}
+_VARIES = ("const", "head", "token")
+
+
+@dataclass(frozen=True)
+class Kind:
+    vec: str | None = None
+    varies: str = "const"
+    heads: str = "key"
+
+    def join(self, other: Kind, loc: Loc, names: tuple[str, str] = ("?", "?")) -> Kind:
+        if self.vec and other.vec and self.vec != other.vec:
+            key, value = names if self.vec == "key" else names[::-1]
+            raise MixedVectors(loc, key=key, value=value)
+        return Kind(
+            self.vec or other.vec,
+            max(self.varies, other.varies, key=_VARIES.index),
+            "value" if "value" in (self.heads, other.heads) else "key",
+        )
+
+    def describe(self) -> str:
+        side = {None: "scalar", "key": "key-channel vector", "value": "value-channel vector"}[self.vec]
+        return f"a per-{self.varies} {side}" if self.varies != "const" else f"a constant {side}"
+
+
+@dataclass(frozen=True)
+class Decl:
+    name: str
+    role: str
+    is_param: bool
+    heads: str
+    domain: str
+    default: float | None
+    loc: Loc
+
+    @property
+    def kind(self) -> Kind:
+        vec = {"key": "key", "key_channel": "key", "value": "value", "value_channel": "value"}.get(self.role)
+        return Kind(vec, "head" if self.is_param else "token", self.heads)
+
+
+@dataclass
+class Scope:
+    """The resolved declarations of a spec: inputs/params in order, lets with their kinds."""
+
+    decls: dict[str, Decl] = field(default_factory=dict)
+    lets: dict[str, tuple[ast.LetDecl, Kind]] = field(default_factory=dict)
+    first_loc: dict[str, Loc] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    extra: dict[str, Kind] = field(default_factory=dict)  # slot-local names such as A
+
+    def kind_of(self, e: ast.Expr | ast.KwArg) -> Kind:
+        """The kind of an expression, raising located errors for bad names and calls."""
+        return _kind(e, self, FUNCTIONS)
+
+    def names_in(self, e: ast.Expr) -> list[ast.Var]:
+        out: list[ast.Var] = []
+        stack: list[ast.Expr | ast.KwArg] = [e]
+        while stack:
+            x = stack.pop()
+            match x:
+                case ast.Var():
+                    out.append(x)
+                case ast.Call(args=a):
+                    stack.extend(a)
+                case ast.BinOp(left=l, right=r):
+                    stack += [l, r]
+                case ast.Neg(operand=o):
+                    stack.append(o)
+                case ast.KwArg(value=v):
+                    stack.append(v)
+        return out
+
+
+def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict) -> Kind:
+    match e:
+        case ast.Num():
+            return Kind()
+        case ast.Var(name=n, loc=loc):
+            if n in scope.extra:
+                return scope.extra[n]
+            if n == "head_index":
+                return Kind(None, "head", "value")
+            if n in scope.lets:
+                scope.used.add(n)
+                return scope.lets[n][1]
+            if n in scope.decls:
+                scope.used.add(n)
+                return scope.decls[n].kind
+            known = list(scope.decls) + list(scope.lets) + list(scope.extra)
+            raise UndefinedName(loc, hint=did_you_mean(n, known) or None, name=n)
+        case ast.KwArg(name=n, loc=loc):
+            raise KeywordInExpression(loc, name=n)
+        case ast.Call(func=f, args=args, loc=loc):
+            if f not in functions:
+                raise UnknownFunction(
+                    loc, hint=did_you_mean(f, functions) or None, name=f, known=", ".join(sorted(functions))
+                )
+            arity = functions[f][0]
+            for a in args:
+                if isinstance(a, ast.KwArg):
+                    raise KeywordInExpression(a.loc, name=a.name)
+            if len(args) != arity:
+                raise WrongArity(loc, name=f, expected=arity, got=len(args))
+            return _kind(args[0], scope, functions)
+        case ast.Neg(operand=o):
+            return _kind(o, scope, functions)
+        case ast.BinOp(left=l, right=r, loc=loc):
+            kl, kr = _kind(l, scope, functions), _kind(r, scope, functions)
+            return kl.join(kr, loc, (_first_vec_name(l, kl, scope), _first_vec_name(r, kr, scope)))
+    raise TypeError(type(e))
+
+
+def _first_vec_name(e: ast.Expr, k: Kind, scope: Scope) -> str:
+    for v in scope.names_in(e):
+        kk = scope.extra.get(v.name) or (scope.lets[v.name][1] if v.name in scope.lets else None)
+        if kk is None and v.name in scope.decls:
+            kk = scope.decls[v.name].kind
+        if kk is not None and kk.vec == k.vec and k.vec:
+            return v.name
+    return ast.expr_text(e)
+
+
+def _declare(scope: Scope, name: ast.Var) -> None:
+    if name.name in RESERVED:
+        raise ReservedName(name.loc, name=name.name, why=RESERVED[name.name])
+    if name.name in scope.first_loc:
+        raise DuplicateDefinition(name.loc, name=name.name, first_line=scope.first_loc[name.name].line)
+    scope.first_loc[name.name] = name.loc
+
+
+def _descriptors(st: ast.InputDecl | ast.ParamDecl) -> tuple[str, str, str]:
+    roles = ROLES_PARAM if isinstance(st, ast.ParamDecl) else ROLES_INPUT
+    role = domain = None
+    role_word: ast.Var | None = None
+    heads = None
+    for d in st.descriptors:
+        w = d.name
+        if w in roles:
+            if role is not None:
+                raise ConflictingDescriptor(d.loc, word=w, other=role)
+            role, role_word = w, d
+        elif w in DOMAINS:
+            if domain is not None:
+                raise ConflictingDescriptor(d.loc, word=w, other=domain)
+            domain = w
+        elif w == "key_head":
+            heads = "key"
+        elif role is None and w in ROLES_INPUT + ROLES_PARAM:
+            kind = "param" if isinstance(st, ast.ParamDecl) else "input"
+            raise UnknownRole(d.loc, hint=f"`{w}` is not a role for a {kind}; {kind} roles: {', '.join(roles)}", word=w)
+        elif role is None:
+            raise UnknownRole(d.loc, hint=did_you_mean(w, roles) or None, word=w)
+        else:
+            raise UnknownDescriptor(d.loc, hint=did_you_mean(w, DOMAINS + ("key_head",)) or None, word=w)
+    if role is None:
+        raise MissingRole(st.loc, names=", ".join(n.name for n in st.names))
+    assert role_word is not None
+    if role == "key":
+        heads = "key"
+    return role, domain or "free", heads or "value"
+
+
+def _const_value(e: ast.Expr) -> float | None:
+    match e:
+        case ast.Num(value=v):
+            return v
+        case ast.Neg(operand=o):
+            v = _const_value(o)
+            return None if v is None else -v
+    return None
+
+
+def check_declarations(spec: ast.Spec) -> Scope:
+    """Resolve inputs, params and lets (in order: a let may use what is declared above it)."""
+    scope = Scope()
+    for st in spec.statements:
+        match st:
+            case ast.InputDecl(names=names):
+                role, domain, heads = _descriptors(st)
+                for n in names:
+                    _declare(scope, n)
+                    scope.decls[n.name] = Decl(n.name, role, False, heads, domain, None, n.loc)
+            case ast.ParamDecl(names=names, default=default):
+                role, domain, heads = _descriptors(st)
+                value = None
+                if default is not None:
+                    value = _const_value(default)
+                    if value is None:
+                        raise BadDefault(default.loc, name=names[0].name)
+                for n in names:
+                    _declare(scope, n)
+                    scope.decls[n.name] = Decl(n.name, role, True, heads, domain, value, n.loc)
+            case ast.LetDecl(name=n, expr=e):
+                kind = scope.kind_of(e)
+                _declare(scope, n)
+                scope.lets[n.name] = (st, kind)
+    _check_core(spec, scope)
+    return scope
+
+
+_CORE = {
+    "q": ("key", "the query", "input q, k : key"),
+    "k": ("key", "the key", "input q, k : key"),
+    "v": ("value", "the value", "input v : value"),
+}
+
+
+def _check_core(spec: ast.Spec, scope: Scope) -> None:
+    for name, (role, what, example) in _CORE.items():
+        d = scope.decls.get(name)
+        if d is None:
+            raise MissingCoreInput(spec.name_loc, name=name, what=what, example=example)
+        if d.role != role or d.is_param:
+            raise WrongCoreRole(d.loc, name=name, role=role, got=("param " if d.is_param else "") + d.role)
+        scope.used.add(name)  # q, k and v are read by every recurrence

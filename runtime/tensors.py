@@ -1,0 +1,96 @@
+"""Checks on user tensors: clear errors naming the tensor, its expected shape and what it got."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..compiler.ir import IR, TensorDecl
+
+
+class TensorError(ValueError):
+    """A bad tensor argument: wrong name, shape, dtype, device or cu_seqlens."""
+
+
+@dataclass(frozen=True)
+class Dims:
+    B: int
+    T: int
+    H: int
+    HV: int
+    dk: int
+    dv: int
+
+    @property
+    def G(self) -> int:
+        return self.HV // self.H
+
+
+def _shape_str(decl: TensorDecl) -> str:
+    return decl.shape_text()
+
+
+def check_inputs(ir: IR, inputs: Mapping[str, torch.Tensor | None]) -> tuple[dict[str, torch.Tensor], Dims]:
+    """Validate `inputs` against the spec's declarations; fill param defaults. Returns tensors and dims."""
+    names = {d.name for d in ir.inputs}
+    unknown = sorted(set(inputs) - names)
+    if unknown:
+        raise TensorError(
+            f"{ir.name}: unknown input(s) {', '.join(unknown)}; the spec declares {', '.join(d.name for d in ir.inputs)}"
+        )
+    for n in ("q", "v"):
+        if inputs.get(n) is None:
+            raise TensorError(f"{ir.name}: missing input `{n}` ({ir.input(n).shape_text()})")
+    q, v = inputs["q"], inputs["v"]
+    if q.dim() != 4 or v.dim() != 4:
+        raise TensorError(
+            f"{ir.name}: q must be [B, T, H, dk] and v [B, T, HV, dv]; got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    B, T, H, dk = q.shape
+    HV, dv = v.shape[2], v.shape[3]
+    if v.shape[:2] != (B, T):
+        raise TensorError(f"{ir.name}: v must be [B={B}, T={T}, HV, dv] like q; got {tuple(v.shape)}")
+    if H == 0 or HV % H != 0:
+        raise TensorError(f"{ir.name}: value heads HV={HV} must be a positive multiple of key heads H={H}")
+    if T == 0:
+        raise TensorError(f"{ir.name}: T = 0: the sequence is empty")
+    dims = Dims(B, T, H, HV, dk, dv)
+    out: dict[str, torch.Tensor] = {}
+    for d in ir.inputs:
+        x = inputs.get(d.name)
+        want = d.shape(B, T, H, HV, dk, dv)
+        if x is None:
+            if d.default is not None:
+                x = torch.full(want, d.default, dtype=q.dtype, device=q.device)
+            else:
+                raise TensorError(f"{ir.name}: missing input `{d.name}` ({d.role}, shape {_shape_str(d)} = {list(want)})")
+        if not isinstance(x, torch.Tensor):
+            raise TensorError(f"{ir.name}: `{d.name}` must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != want:
+            raise TensorError(
+                f"{ir.name}: `{d.name}` has shape {list(x.shape)}, expected {_shape_str(d)} = {list(want)}"
+            )
+        if not x.is_floating_point():
+            raise TensorError(f"{ir.name}: `{d.name}` must be a floating tensor, got {x.dtype}")
+        if x.device != q.device:
+            raise TensorError(f"{ir.name}: `{d.name}` is on {x.device}, but q is on {q.device}")
+        out[d.name] = x
+    return out, dims
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor | None, dims: Dims) -> list[tuple[int, int]]:
+    """The (start, end) token ranges of each sequence; one range per batch row when not packed."""
+    if cu_seqlens is None:
+        return []
+    if dims.B != 1:
+        raise TensorError(f"cu_seqlens needs a packed batch with B = 1; got B = {dims.B}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
+        raise TensorError("cu_seqlens must be a 1-D integer tensor [N + 1] of offsets starting at 0")
+    c = [int(x) for x in cu_seqlens.tolist()]
+    if c[0] != 0 or c[-1] != dims.T:
+        raise TensorError(f"cu_seqlens must start at 0 and end at T = {dims.T}; got {c[0]} ... {c[-1]}")
+    if any(b <= a for a, b in zip(c, c[1:], strict=False)):
+        raise TensorError(f"cu_seqlens must be strictly increasing (no empty sequences); got {c}")
+    return list(zip(c, c[1:], strict=False))
