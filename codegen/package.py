@@ -1,0 +1,88 @@
+"""Spec -> the files of an importable Python package: a pure function of the spec (and versions).
+
+    spec.dgps       the spec text
+    recurrent.py    the recurrent kernel (decode, and the forward where no chunk form is emitted)
+    chunk.py        the chunked forward kernels (when the chunk plan is supported)
+    metadata.json   spec hash, dgps/triton versions, which forward path and why
+    __init__.py     forward / decode / reference entry points taking the spec's inputs by name
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+
+import jinja2
+import triton
+
+from .. import __version__ as DGPS_VERSION
+from ..runtime.api import Recurrence
+from ..runtime.reference import state_shapes
+from ..runtime.tensors import Dims
+from .chunk import render_chunk, supports_chunk
+from .recurrent import render_recurrent
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader(__package__, "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
+
+
+def spec_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def cache_key(source: str) -> str:
+    """What a compiled package depends on: the spec text and the versions of dgps and triton."""
+    return hashlib.sha256(f"{source}\0{DGPS_VERSION}\0{triton.__version__}".encode()).hexdigest()[:16]
+
+
+def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str, str]:
+    """File name -> text. Deterministic: the same spec and versions give byte-identical files."""
+    ir = rec.ir
+    chunk_ok, chunk_why = supports_chunk(ir)
+    files = {"spec.dgps": rec.source if rec.source.endswith("\n") else rec.source + "\n"}
+    files["recurrent.py"] = render_recurrent(ir)
+    if chunk_ok:
+        files["chunk.py"] = render_chunk(ir)
+    names = [d.name for d in ir.inputs]
+    required = [d.name for d in ir.inputs if not (d.is_param and d.default is not None)]
+    optional = [n for n in names if n not in required]
+    signature = ", ".join(
+        [f"{n}: torch.Tensor" for n in required] + [f"{n}: torch.Tensor | None = None" for n in optional]
+    )
+    states = list(state_shapes(ir, Dims(1, 1, 1, 1, 1, 1), 1))
+    meta = {
+        "name": ir.name,
+        "spec_sha256": spec_hash(rec.source),
+        "dgps_version": DGPS_VERSION,
+        "triton_version": triton.__version__,
+        "forward": "chunk" if chunk_ok else "recurrent",
+        "forward_reason": "" if chunk_ok else chunk_why,
+        "inputs": {d.name: {"role": d.role, "domain": d.domain, "shape": d.shape_text(), "default": d.default}
+                   for d in ir.inputs},
+        "states": states,
+        "route": ir.route,
+    }
+    files["metadata.json"] = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+    files["__init__.py"] = _env().get_template("package_init.jinja").render(
+        name=ir.name,
+        module_name=module_name or ir.name,
+        dgps_version=DGPS_VERSION,
+        forward_path="chunked" if chunk_ok else "recurrent",
+        forward_reason=f"No chunk form emitted: {chunk_why}",
+        has_chunk=chunk_ok,
+        input_names=repr(tuple(names)),
+        state_names=repr(tuple(states)),
+        input_list=required + optional,
+        signature=signature,
+        call_args=", ".join(required + optional),
+    )
+    return files

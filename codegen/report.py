@@ -1,0 +1,157 @@
+"""Ahead-of-time compilation of every generated kernel for Hopper, without a GPU.
+
+The package's own host code is run on small CPU tensors with Triton's launcher replaced by a
+recorder: each launch's bound arguments give the exact signature and constexprs the kernel would be
+specialised on (autotuned kernels: every config). Each is then compiled with
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`, and ptxas (shipped with triton)
+reports registers, spills and shared memory of the cubin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..runtime.api import Recurrence
+
+HOPPER = ("cuda", 90, 32)
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    module: str
+    kernel: str
+    dk: int
+    dv: int
+    config: str
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    ok: bool
+    error: str = ""
+
+
+@contextlib.contextmanager
+def _no_interpreter() -> Iterator[None]:
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@contextlib.contextmanager
+def _recording(calls: list) -> Iterator[None]:
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    def record(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - Triton's signature
+        calls.append((self, args, dict(kwargs)))
+        return None
+
+    def every_config(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        for config in self.configs:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+    old_run, old_tune = JITFunction.run, Autotuner.run
+    JITFunction.run, Autotuner.run = record, every_config  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        JITFunction.run, Autotuner.run = old_run, old_tune  # type: ignore[method-assign]
+
+
+def _ptxas_stats(ptx: str, arch: str = "sm_90a") -> tuple[int, int]:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(d) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = out.stdout + out.stderr
+    regs = max((int(x) for x in re.findall(r"Used (\d+) registers", text)), default=0)
+    spills = sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text))
+    return regs, spills
+
+
+def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noqa: ANN001
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget(*HOPPER)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = {**kwargs, "debug": False}
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    compiled = triton.compile(src, target=target, options=options.__dict__)
+    regs, spills = _ptxas_stats(compiled.asm["ptx"])
+    config = f"warps={options.num_warps} stages={options.num_stages}"
+    return regs, spills, int(compiled.metadata.shared), config
+
+
+def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256) -> list[KernelReport]:
+    """Compile every kernel the package launches (forward and decode) at dk = dv = each of `dims`."""
+    from ..runtime.compile import import_package, write_package
+    from ..runtime.reference import initial_states
+    from ..runtime.tensors import check_inputs
+    from .package import cache_key
+
+    ir = rec.ir
+    reports: list[KernelReport] = []
+    with tempfile.TemporaryDirectory() as tmp, _no_interpreter():
+        write_package(rec, tmp)
+        name = f"dgps_aot.{ir.name}_{cache_key(rec.source)}"
+        pkg = import_package(tmp, name)
+        try:
+            for d in dims:
+                calls: list = []
+                x = rec.random_inputs(1, T, 1, d, d, dtype=torch.bfloat16)
+                with _recording(calls):
+                    pkg.forward(**x, output_final_state=True)
+                    _, dm = check_inputs(ir, x)
+                    state = {k: v.float() for k, v in initial_states(ir, dm, 1, None, torch.float32,
+                                                                       torch.device("cpu")).items()}
+                    pkg.decode(**{k: (v[:, :1] if not ir.input(k).is_param else v) for k, v in x.items()}, state=state)
+                seen = set()
+                for fn, args, kwargs in calls:
+                    key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    module = fn.fn.__module__.rsplit(".", 1)[-1]
+                    try:
+                        regs, spills, shared, config = _compile(fn, args, kwargs)
+                        reports.append(KernelReport(module, fn.__name__, d, d, config, regs, spills, shared, True))
+                    except Exception as e:  # noqa: BLE001 - a compile failure is the report's finding
+                        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                        reports.append(KernelReport(module, fn.__name__, d, d, str(kwargs.get("num_warps", "")),
+                                                    0, 0, 0, False, msg[:200]))
+        finally:
+            for mod in [m for m in sys.modules if m.startswith(name)]:
+                del sys.modules[mod]
+    return reports
+
+
+def format_report(reports: list[KernelReport]) -> str:
+    lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'spill B':>8} "
+             f"{'shared B':>9}  result"]
+    for r in reports:
+        lines.append(f"{r.module:<10} {r.kernel:<34} {r.dk:>5} {r.config:<18} {r.registers:>5} {r.spill_bytes:>8} "
+                     f"{r.shared_bytes:>9}  {'ok' if r.ok else 'FAILED: ' + r.error}")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Writing compiled spec packages to disk, caching them, and importing them.
+
+`dgps.compile(spec)` renders the package for a spec, stores it under DGPS_CACHE_DIR (default
+~/.cache/dgps, or $XDG_CACHE_HOME/dgps) keyed by the spec text and the dgps/triton versions, and
+imports it. Triton's JIT reads kernel source from files, so packages are always real files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from .api import Recurrence, load
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DGPS_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dgps"
+
+
+def write_package(rec: Recurrence, out_dir: str | Path, module_name: str | None = None) -> list[Path]:
+    """Render and write the package for `rec` into `out_dir` (created; existing files replaced)."""
+    from ..codegen.package import render_package
+
+    files = render_package(rec, module_name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in sorted(files.items()):
+        path = out / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    for stale in ("chunk.py",):  # a package that no longer has a chunk form must not keep an old one
+        if stale not in files and (out / stale).exists():
+            (out / stale).unlink()
+    return written
+
+
+def import_package(path: str | Path, module_name: str) -> ModuleType:
+    """Import the package directory `path` under `module_name`."""
+    path = Path(path)
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path / "__init__.py",
+                                                  submodule_search_locations=[str(path)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def compile(spec: str | Path | Recurrence, cache_dir: str | Path | None = None) -> ModuleType:  # noqa: A001
+    """Compile a spec (path, text or loaded Recurrence) to an imported package, using the cache."""
+    from ..codegen.package import cache_key
+
+    rec = spec if isinstance(spec, Recurrence) else load(spec)
+    key = cache_key(rec.source)
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    target = root / f"{rec.name}_{key}"
+    if not (target / "metadata.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{rec.name}_", dir=root))
+        try:
+            write_package(rec, tmp)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process won the race; its files are identical
+                pass
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return import_package(target, f"dgps_compiled.{rec.name}_{key}")
