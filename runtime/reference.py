@@ -102,7 +102,8 @@ def build_env(ir: IR, x: Mapping[str, torch.Tensor], dims: Dims, dtype: torch.dt
 def _full(val: torch.Tensor | float, like: torch.Tensor, ndim: int = 4) -> torch.Tensor:
     """A tensor for `val`: a float becomes a broadcastable [1] * ndim tensor."""
     if isinstance(val, torch.Tensor):
-        return val
+        # A constant subexpression (e.g. logsigmoid(0)) evaluates to a 0-d tensor: lift it to ndim.
+        return val.reshape((1,) * (ndim - val.dim()) + tuple(val.shape)) if val.dim() < ndim else val
     return torch.full((1,) * ndim, float(val), dtype=like.dtype, device=like.device)
 
 

@@ -1,0 +1,161 @@
+"""The spec fuzzer: a hypothesis strategy over the DGPS space, and `dgps fuzz`.
+
+`specs()` draws random *valid* specs: every slot option, random elementwise expressions from a safe
+grammar (bounded maps of free inputs, so gates stay in range), random input roles and head groupings.
+`fuzz()` compiles each drawn spec, runs its kernels against the reference derived from the same spec
+(the Triton interpreter on CPU, or the GPU), and on a failure lets hypothesis shrink the spec to a
+minimal one, which is written to a file together with the inputs' seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+# --- the spec strategy --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Builder:
+    """Accumulates declarations while the slots are drawn; renders the spec text."""
+
+    inputs: dict[str, str] = field(default_factory=dict)  # name -> "role domain [key_head]"
+    params: dict[str, str] = field(default_factory=dict)
+    lets: list[tuple[str, str]] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)
+
+    def input(self, name: str, decl: str) -> str:
+        self.inputs.setdefault(name, decl)
+        return name
+
+    def param(self, name: str, decl: str) -> str:
+        self.params.setdefault(name, decl)
+        return name
+
+    def render(self, name: str) -> str:
+        lines = [f"recurrence {name}", "  input q, k : key", "  input v : value"]
+        lines += [f"  input {n} : {d}" for n, d in self.inputs.items()]
+        lines += [f"  param {n} : {d}" for n, d in self.params.items()]
+        lines += [f"  let {n} = {e}" for n, e in self.lets]
+        lines += [f"  {s}" for s in self.slots]
+        return "\n".join([*lines, "end", ""])
+
+
+_SQUASH = ("tanh", "sigmoid", "softsign")
+
+
+@st.composite
+def _free_expr(draw: st.DrawFn, b: _Builder, side: str, depth: int = 2) -> str:
+    """A bounded-range expression of free inputs/params on one side (token, key, value)."""
+    role = {"token": "token", "key": "key_channel", "value": "value_channel"}[side]
+    kind = draw(st.sampled_from(["input", "param", "squash", "affine"] if depth > 0 else ["input", "param"]))
+    if kind == "input":
+        return b.input(f"x{side[0]}{draw(st.integers(0, 1))}", f"{role} free")
+    if kind == "param":
+        prole = {"token": "head", "key": "key_channel", "value": "value_channel"}[side]
+        return b.param(f"p{side[0]}{draw(st.integers(0, 1))}", f"{prole} free")
+    inner = draw(_free_expr(b, side, depth - 1))
+    if kind == "squash":
+        return f"{draw(st.sampled_from(_SQUASH))}({inner})"
+    other = draw(_free_expr(b, side, depth - 1))
+    c = draw(st.sampled_from(["0.5", "2", "0.25"]))
+    op = draw(st.sampled_from(["+", "-", "*"]))
+    if op == "*":
+        return f"{c} * tanh({inner}) * tanh({other})"
+    return f"{c} * ({inner} {op} {other})"
+
+
+@st.composite
+def _log_gate(draw: st.DrawFn, b: _Builder, side: str) -> str:
+    """A provably non-positive log-gate expression."""
+    role = "token" if side == "token" else "key_channel"
+    form = draw(st.sampled_from(["input", "logsigmoid", "neg_softplus", "mamba"]))
+    if form == "input":
+        return b.input(f"g{side[0]}", f"{role} log_gate")
+    x = draw(_free_expr(b, side))
+    if form == "logsigmoid":
+        return f"logsigmoid({x})"
+    if form == "neg_softplus":
+        return f"-softplus({x})"
+    a_log = b.param("A_log", "head free")
+    return f"-exp(0.5 * tanh({a_log})) * softplus({x})"
+
+
+@st.composite
+def _unit(draw: st.DrawFn, b: _Builder, side: str = "token", key_head: bool = False) -> str:
+    role = {"token": "token", "key": "key_channel", "value": "value_channel"}[side]
+    if draw(st.booleans()):
+        return b.input(f"u{side[0]}{'k' if key_head else ''}", f"{role} unit" + (" key_head" if key_head else ""))
+    return f"sigmoid({draw(_free_expr(b, side))})"
+
+
+@st.composite
+def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
+    """A random valid spec (text). `chunkable_only` keeps to tied solves without the exact preconditioner."""
+    b = _Builder()
+    decay = draw(st.sampled_from(["none", "scalar", "vector", "const"]))
+    if decay == "scalar":
+        b.slots.append(f"decay scalar({draw(_log_gate(b, 'token'))})")
+    elif decay == "vector":
+        b.slots.append(f"decay vector({draw(_log_gate(b, 'key'))})")
+    elif decay == "const":
+        b.slots.append(f"decay const(1 - 2 ** ({draw(st.sampled_from(['-3', '-5']))} - head_index))")
+    solves = ["additive", "delta", "erase_write"] if chunkable_only else ["additive", "delta", "erase_write", "dplr"]
+    solve = draw(st.sampled_from(solves))
+    if solve == "erase_write":
+        b.slots.append(f"gain key = {draw(_unit(b, 'key'))}, value = {draw(_unit(b, 'value'))}")
+    elif draw(st.booleans()):
+        b.slots.append(f"gain {draw(_unit(b))}")
+    precond = "none"
+    if solve != "dplr":
+        options = ["none", "diag"] if chunkable_only else ["none", "diag", "exact"]
+        precond = draw(st.sampled_from(options))
+    placement = "write_key"
+    if precond == "diag":
+        key_head = draw(st.booleans())
+        gp = b.input("gP" + ("k" if key_head else ""), "token log_gate" + (" key_head" if key_head else ""))
+        bp = draw(_unit(b, "token", key_head))
+        x = draw(st.sampled_from(["1.5", "2"]))
+        b.slots.append(f"precond diag(k * k, decay = {gp}, gain = {bp}) -> exp(-log({x}) * softsign(log(A + 1e-6))) "
+                       f"on write_key")
+    elif precond == "exact":
+        placement = "query" if solve == "additive" and draw(st.booleans()) else "write_key"
+        b.slots.append(f"precond exact(lambda = {draw(st.sampled_from(['1.0', '0.5']))}) on {placement}")
+    if solve == "dplr":
+        kk = b.input("kappa", "key_channel free")
+        b.lets.append(("khat", f"{kk} / sqrt({kk} * {kk} + 1e-6)"))
+        reads = draw(st.sampled_from(["decayed", "undecayed"]))
+        b.slots.append(f"solve dplr(e = -khat, f = khat * {draw(_unit(b, 'key'))}, reads = {reads})")
+    else:
+        b.slots.append(f"solve {solve}")
+    if solve != "dplr" and not (precond == "exact" and placement == "query") and draw(st.booleans()):
+        lam = _unit(b)
+        b.slots.append(f"read curvature({draw(lam)}, {draw(st.sampled_from(['centered', 'uncentered']))})")
+    routes = ["none", "value"] + (["residual"] if solve in ("delta", "erase_write") else [])
+    route = draw(st.sampled_from(routes))
+    if route != "none":
+        b.slots.append(f"route {route}")
+    norm = draw(st.sampled_from(["", "q, k", "k"]))
+    if norm:
+        b.slots.insert(0, f"normalize {norm}")
+    text = b.render("fuzzed")
+    return text
+
+
+# --- the fuzz driver ------------------------------------------------------------------------------------
+
+
+def spec_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def write_failure(text: str, seed: int, error: str, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fuzz-failure-{spec_id(text)}.dgps"
+    comment = "\n".join(f"# {line}" for line in error.strip().splitlines()[:20])
+    path.write_text(f"# dgps fuzz: minimal failing spec; inputs drawn with random_inputs(seed={seed})\n{comment}\n{text}")
+    return path
