@@ -1,4 +1,4 @@
-"""The `dgps` command line: check, show (any stage), compile, verify.
+"""The `dgps` command line: check, show (any stage), compile, verify, fuzz.
 
 Every spec problem is printed as a located error and exits 1; no input makes it print a traceback.
 """
@@ -13,13 +13,38 @@ from pathlib import Path
 from .dsl.errors import SpecError
 
 
-def _load(path: str):  # noqa: ANN202 - returns dgps.Recurrence
-    from .runtime.api import load
+class CannotRead(Exception):
+    """A spec file that cannot be read as text: one line, `path[:line:col]: error: ...`."""
 
+
+def _read(path: str) -> str:
     p = Path(path)
+    if not p.exists():
+        raise CannotRead(f"{path}: error: no such file")
     if not p.is_file():
-        raise FileNotFoundError(path)
-    return load(p.read_text(), filename=str(path))
+        raise CannotRead(f"{path}: error: not a file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise CannotRead(f"{path}: error: cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = len(data[data.rfind(b"\n", 0, e.start) + 1: e.start].decode("utf-8")) + 1  # in characters
+        raise CannotRead(
+            f"{path}:{line}:{col}: error: not a UTF-8 text file (byte 0x{data[e.start]:02x}); a spec is UTF-8 text"
+        ) from None
+
+
+def _load(path: str):  # noqa: ANN202 - returns dgps.Recurrence
+    from .compiler.lower import lower
+    from .dsl.parser import parse
+    from .runtime.api import Recurrence
+
+    # parse + lower rather than dgps.load(text): load() takes a one-line text ending in `.dgps` for a path.
+    tree = parse(_read(path), filename=str(path))
+    return Recurrence(tree, lower(tree))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -31,8 +56,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(e.render(), file=sys.stderr)
             status = 1
             continue
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            print(f"{path}: error: cannot read spec: {e}", file=sys.stderr)
+        except CannotRead as e:
+            print(e, file=sys.stderr)
             status = 1
             continue
         if not args.quiet:
@@ -106,8 +131,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    device = _use_interpreter_without_gpu()
+    from .runtime.fuzz import fuzz
+
+    result = fuzz(args.count, args.seed, args.out, device=device, T=args.T)
+    if result.failure_error:
+        print(f"FAILED after {result.count} specs (seed {args.seed}); minimal failing spec:", file=sys.stderr)
+        print(result.failure_text or "(no spec: the failure was outside the kernels)", file=sys.stderr)
+        print(result.failure_error, file=sys.stderr)
+        if result.failure_path:
+            print(f"written to {result.failure_path}", file=sys.stderr)
+        return 1
+    print(f"{result.count} specs passed (seed {args.seed})")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "check": cmd_check, "show": cmd_show, "compile": cmd_compile, "verify": cmd_verify,
+    "check": cmd_check, "show": cmd_show, "compile": cmd_compile, "verify": cmd_verify, "fuzz": cmd_fuzz,
 }
 
 
@@ -138,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--varlen", action="store_true", help="pack the batch into one sequence with cu_seqlens")
+    f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference")
+    f.add_argument("--count", type=int, default=50)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--T", type=int, default=20)
+    f.add_argument("--out", default=".", help="where a minimal failing spec is written")
     return p
 
 
@@ -148,7 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return 1
-    except (OSError, UnicodeDecodeError) as e:
+    except CannotRead as e:
+        print(e, file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. a closed stdout
         print(f"dgps: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

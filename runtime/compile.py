@@ -50,6 +50,11 @@ def import_package(path: str | Path, module_name: str) -> ModuleType:
     path = Path(path)
     if module_name in sys.modules:
         return sys.modules[module_name]
+    parent = module_name.rpartition(".")[0]
+    if parent and parent not in sys.modules:  # an empty namespace parent, e.g. `dgps_compiled`
+        ns = ModuleType(parent)
+        ns.__path__ = []
+        sys.modules[parent] = ns
     spec = importlib.util.spec_from_file_location(module_name, path / "__init__.py",
                                                   submodule_search_locations=[str(path)])
     assert spec is not None and spec.loader is not None

@@ -159,3 +159,62 @@ def write_failure(text: str, seed: int, error: str, out_dir: str | Path) -> Path
     comment = "\n".join(f"# {line}" for line in error.strip().splitlines()[:20])
     path.write_text(f"# dgps fuzz: minimal failing spec; inputs drawn with random_inputs(seed={seed})\n{comment}\n{text}")
     return path
+
+
+@dataclass
+class FuzzResult:
+    count: int = 0
+    failure_path: Path | None = None
+    failure_text: str = ""
+    failure_error: str = ""
+    failures_seen: int = 0
+
+
+def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: str = "cpu", T: int = 20,
+         dk: int = 16, dv: int = 16, chunkable_only: bool = False, log=print) -> FuzzResult:  # noqa: ANN001
+    """Draw `count` specs; compile each and check its kernels against its reference (see runtime/verify).
+
+    On a failure hypothesis shrinks the spec (and the input seed); the minimal failing spec is written
+    to `out_dir` and returned. Kernels run where `device` says: the Triton interpreter needs
+    TRITON_INTERPRET=1 set before triton is first imported (the CLI does this).
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from .api import load
+    from .compile import compile as compile_spec
+    from .verify import format_rows, verify
+
+    result = FuzzResult()
+    last_failure: dict[str, object] = {}
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
+    @given(specs(chunkable_only=chunkable_only), st.integers(0, 2**16))
+    def check(text: str, input_seed: int) -> None:
+        rec = load(text)
+        pkg = compile_spec(rec)
+        rows = verify(rec, pkg, B=2, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
+        bad = [r for r in rows if not r.ok]
+        if not last_failure:
+            result.count += 1
+            log(f"[{result.count}/{count}] {spec_id(text)} {rec.ir.structure.decay:<6} {rec.ir.solve.spelled:<11} "
+                f"precond={rec.ir.precond.kind:<5} read={rec.ir.read.kind:<9} route={rec.ir.route:<8} "
+                f"forward={pkg.METADATA['forward']:<9} {'ok' if not bad else 'FAIL'}")
+        if bad:
+            last_failure.update(text=text, seed=input_seed, error=format_rows(rows))
+            result.failures_seen += 1
+            raise AssertionError(format_rows(rows))
+
+    try:
+        check()
+    except Exception as e:  # noqa: BLE001 - any failure of a drawn spec is the fuzzer's finding
+        if not last_failure:  # the failure happened outside the kernels' comparison (e.g. a crash)
+            last_failure.update(text="", seed=-1, error=f"{type(e).__name__}: {e}")
+        result.failure_text = str(last_failure.get("text", ""))
+        result.failure_error = str(last_failure.get("error", "")) or f"{type(e).__name__}: {e}"
+        if result.failure_text:
+            result.failure_path = write_failure(result.failure_text, int(last_failure["seed"]),  # type: ignore[arg-type]
+                                                result.failure_error, out_dir)
+    return result

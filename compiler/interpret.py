@@ -1,0 +1,449 @@
+"""A plain-torch interpreter of chunk plans (float64, CPU): rung 2 of the validation ladder.
+
+`run_plan` executes a plan stage by stage, one implementation per stage kind (`STAGE_IMPLS`), with the
+chunk forms of chunkwise.md. It checks the lowering: the same plan a Triton kernel is generated from,
+run with exact arithmetic-ish precision, must equal the sequential reference derived from the IR.
+
+Numerics follow what a kernel must do: decay factors are exponentials of non-positive numbers only --
+pairwise-masked (−∞ above the diagonal before exponentiating) or sub-chunk references (§3) -- never
+e^{-b} factored from the chunk start; the last chunk may be short; varlen sequences are run one by one
+so no chunk crosses a sequence boundary.
+
+Layout: token-level operands are [B, T, HV, d] (d = 1 for per-token scalars; GVA heads expanded, as
+the reference's `build_env` binds them); per-chunk operands (matrices, chunk-start states) are lists
+over chunks of [B, HV, c, c] / [B, HV, dk, dv] with c ≤ C the chunk's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..runtime.reference import RecurrenceOutput, build_env, initial_states
+from ..runtime.tensors import check_cu_seqlens, check_inputs
+from .exprs import evaluate
+from .ir import IR, KTILDE, STAT
+from .plan import Plan, Stage
+
+DTYPE = torch.float64
+Value = torch.Tensor | list[torch.Tensor]
+
+
+@dataclass
+class _Ctx:
+    """One contiguous stretch (a batch of equal-length rows, or one varlen sequence)."""
+
+    plan: Plan
+    ir: IR
+    env: dict[str, torch.Tensor]  # raw inputs, build_env layout
+    T: int
+    G: int
+    dk: int
+    dv: int
+    scale: float
+    chunks: list[tuple[int, int]] = field(default_factory=list)
+
+    def symbols(self, st: Stage, vals: Mapping[str, Value]) -> dict[str, torch.Tensor]:
+        """The expression environment: raw inputs, with `sym:NAME` bindings (e.g. k -> kn) applied."""
+        env = dict(self.env)
+        for r, o in st.bind.items():
+            if r.startswith("sym:"):
+                env[r[4:]] = vals[o]  # type: ignore[assignment]
+        return env
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+def _full(x: torch.Tensor | float) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.full((1, 1, 1, 1), float(x), dtype=DTYPE)
+
+
+def _tok(x: torch.Tensor) -> torch.Tensor:
+    """Make an evaluated expression 4-d [B|1, T|1, HV|1, d]."""
+    x = _full(x)
+    while x.dim() < 4:
+        x = x.unsqueeze(0)
+    return x
+
+
+def _slice_t(x: torch.Tensor, s: int, e: int, T: int) -> torch.Tensor:
+    return x[:, s:e] if x.shape[1] == T else x
+
+
+def _chunk(x: torch.Tensor, s: int, e: int, T: int) -> torch.Tensor:
+    """Token-level [B, T, HV, d] -> one chunk [B, HV, c, d]."""
+    x = _slice_t(x, s, e, T)
+    if x.shape[1] != e - s:
+        x = x.expand(x.shape[0], e - s, *x.shape[2:])
+    return x.transpose(1, 2)
+
+
+def _unchunk(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A list of chunk pieces [B, HV, c, d] -> token-level [B, T, HV, d]."""
+    return torch.cat(parts, dim=2).transpose(1, 2)
+
+
+def _expand_heads(x: torch.Tensor, G: int) -> torch.Tensor:
+    return x if G == 1 else x.repeat_interleave(G, dim=1)
+
+
+def _exp_or_one(x: torch.Tensor | None) -> torch.Tensor | float:
+    return 1.0 if x is None else torch.exp(x)
+
+
+def decayed_scores(X: torch.Tensor, Y: torch.Tensor, brow: torch.Tensor | None, bcol: torch.Tensor | None, *,
+                   strict: bool, sub_chunk: int | None = None) -> torch.Tensor:
+    """[X ⋆ Y]_{tj} = Σ_d X_td Y_jd e^{brow_td − bcol_jd} for j ≤ t (j < t if strict), else 0.
+
+    X, Y: [B, HV, c, dk]; brow, bcol: [B, HV, c, 1 or dk] (None: no decay). Every exponentiated number is
+    ≤ 0 whenever brow_t ≤ bcol_j for j in the mask. A vector decay with `sub_chunk` uses §3's
+    sub-chunk reference r_I = bcol at the token before block I for off-diagonal blocks (one matmul
+    per block pair) and the pairwise form on diagonal blocks.
+    """
+    c = X.shape[-2]
+    mask = torch.ones(c, c, dtype=torch.bool).tril(-1 if strict else 0)
+    if brow is None or bcol is None:
+        return (X @ Y.mT).masked_fill(~mask, 0.0)
+    if brow.shape[-1] == 1:
+        expo = (brow - bcol.mT).masked_fill(~mask, float("-inf"))
+        return (X @ Y.mT) * torch.exp(expo)
+    if sub_chunk is not None and c > sub_chunk:
+        out = X.new_zeros(*torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]), c, c)
+        blocks = [(s, min(s + sub_chunk, c)) for s in range(0, c, sub_chunk)]
+        for i, (i0, i1) in enumerate(blocks):
+            r = bcol[..., i0 - 1:i0, :] if i0 > 0 else None
+            for j0, j1 in blocks[:i]:
+                assert r is not None
+                xi = X[..., i0:i1, :] * torch.exp(brow[..., i0:i1, :] - r)
+                yj = Y[..., j0:j1, :] * torch.exp(r - bcol[..., j0:j1, :])
+                out[..., i0:i1, j0:j1] = xi @ yj.mT
+            out[..., i0:i1, i0:i1] = decayed_scores(X[..., i0:i1, :], Y[..., i0:i1, :], brow[..., i0:i1, :],
+                                                    bcol[..., i0:i1, :], strict=strict)
+        return out
+    expo = brow.unsqueeze(-2) - bcol.unsqueeze(-3)  # [B, HV, c, c, dk]
+    expo = expo.masked_fill(~mask.unsqueeze(-1), float("-inf"))
+    return torch.einsum("...td,...jd,...tjd->...tj", X, Y, torch.exp(expo))
+
+
+def _get(vals: Mapping[str, Value], st: Stage, role: str) -> torch.Tensor | None:
+    o = st.role(role)
+    return None if o is None else vals[o]  # type: ignore[return-value]
+
+
+def _chunks_of(ctx: _Ctx, vals: Mapping[str, Value], st: Stage, *roles: str):
+    """Per chunk n: (n, s, e, {role: [B, HV, c, d] slice or None})."""
+    full = {r: _get(vals, st, r) for r in roles}
+    for n, (s, e) in enumerate(ctx.chunks):
+        yield n, s, e, {r: (None if x is None else _chunk(x, s, e, ctx.T)) for r, x in full.items()}
+
+
+# --- one implementation per stage kind ---------------------------------------------------------------------
+def run_l2norm(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    eps = st.attr("eps")
+    out = {}
+    for (_, src), o in zip(st.attr("bind"), st.outputs, strict=True):
+        x = vals[src]
+        assert isinstance(x, torch.Tensor)
+        out[o.name] = x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    return out
+
+
+def run_gates(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    env = ctx.symbols(st, vals)
+    return {o.name: _tok(evaluate(expr, env)) for o, (_, expr) in zip(st.outputs, st.attr("exprs"), strict=True)}
+
+
+def run_chunk_cumsum(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    g = vals[st.role("g")]  # type: ignore[index]
+    assert isinstance(g, torch.Tensor)
+    g = g.expand(g.shape[0], ctx.T, *g.shape[2:]) if g.shape[1] != ctx.T else g
+    inc, exc = [], []
+    for s, e in ctx.chunks:
+        b = torch.cumsum(g[:, s:e], dim=1)
+        inc.append(b)
+        exc.append(torch.cat([torch.zeros_like(b[:, :1]), b[:, :-1]], dim=1))
+    out = {st.outputs[0].name: torch.cat(inc, dim=1)}
+    if st.attr("exclusive"):
+        out[st.outputs[1].name] = torch.cat(exc, dim=1)
+    return out
+
+
+def _write_key(st: Stage, ctx: _Ctx, vals: dict[str, Value], ktilde: torch.Tensor, s: int, e: int) -> torch.Tensor:
+    """The write key expression with k̃ bound (k̃ itself for FLA's PDN/ATK)."""
+    expr = st.attr("write_key")
+    if expr == KTILDE:
+        return ktilde
+    env = {n: _slice_t(x, s, e, ctx.T) for n, x in ctx.symbols(st, vals).items()}
+    env[KTILDE.name] = ktilde
+    return _tok(evaluate(expr, env)).expand_as(ktilde)
+
+
+def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§5: A = e^{c} ⊗ A_n + Λ (βP k⊙k) per chunk (Λ pairwise-masked), carried across chunks."""
+    key_heads = st.attr("heads") == "key"
+    A = vals["A0"]
+    assert isinstance(A, torch.Tensor)
+    A = _expand_heads(A, ctx.G if key_heads else 1)  # [B, HV, dk]
+    sym = ctx.symbols(st, vals)
+    pieces = []
+    for _, s, e, x in _chunks_of(ctx, vals, st, "k", "q", "inc", "bP"):
+        inc = x["inc"].expand(*x["k"].shape)  # type: ignore[union-attr]
+        bP = x["bP"]
+        if bP is None:
+            Acal = A.unsqueeze(-2) + torch.cumsum(inc, dim=-2)
+        else:
+            c = e - s
+            mask = torch.ones(c, c, dtype=torch.bool).tril()
+            lam = torch.exp((bP - bP.mT).masked_fill(~mask, float("-inf")))
+            Acal = torch.exp(bP) * A.unsqueeze(-2) + lam @ inc
+        A = Acal[..., -1, :]
+        env = {n: _slice_t(t, s, e, ctx.T) for n, t in sym.items()}
+        env[STAT.name] = Acal.transpose(1, 2)
+        scale = _tok(evaluate(st.attr("map"), env))
+        if st.attr("placement") == "write_key":
+            pieces.append(_write_key(st, ctx, vals, scale * x["k"].transpose(1, 2), s, e))  # type: ignore[union-attr]
+        else:
+            pieces.append(scale * x["q"].transpose(1, 2))  # type: ignore[union-attr]
+    A_fin = A[:, ::ctx.G] if key_heads else A
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin}
+
+
+def run_precond_exact(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§6: M = I + K P_n Kᵀ = R Rᵀ, Y = R⁻¹ K P_n; k̃_t = Y_t / R_tt; P_t q_t = P_n q_t − Σ_{i≤t} Y_i⟨Y_i, q_t⟩."""
+    P = vals["P0"]
+    assert isinstance(P, torch.Tensor)
+    P = _expand_heads(P, ctx.G)  # [B, HV, dk, dk]
+    pieces = []
+    for _, s, e, x in _chunks_of(ctx, vals, st, "k", "q"):
+        K = x["k"]
+        assert K is not None
+        KP = K @ P
+        c = e - s
+        M = torch.eye(c, dtype=DTYPE) + KP @ K.mT
+        R = torch.linalg.cholesky(M)
+        Y = torch.linalg.solve_triangular(R, KP, upper=False)
+        if st.attr("placement") == "write_key":
+            kt = Y / torch.diagonal(R, dim1=-2, dim2=-1).unsqueeze(-1)
+            pieces.append(_write_key(st, ctx, vals, kt.transpose(1, 2), s, e))
+        else:
+            Q = x["q"]
+            assert Q is not None
+            qh = Q @ P - (Q @ Y.mT).tril() @ Y
+            pieces.append(qh.transpose(1, 2))
+        P = P - Y.mT @ Y
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: P[:, ::ctx.G]}
+
+
+def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§4: CQ = Q Ĉ_n + tril(QKᵀ) K, mq = Q m̂_n + tril(QKᵀ) 1, M = m̂_n + cumsum K; τ = n_0 + t."""
+    C = _expand_heads(vals["C0"], ctx.G)  # type: ignore[arg-type]
+    m = _expand_heads(vals["m0"], ctx.G)  # type: ignore[arg-type]
+    n = vals["n0"]
+    assert isinstance(n, torch.Tensor)
+    centered = st.attr("centered")
+    pieces = []
+    for _, s, e, x in _chunks_of(ctx, vals, st, "q", "k", "lam"):
+        Q, K, lam = x["q"], x["k"], x["lam"]
+        assert Q is not None and K is not None and lam is not None
+        c = e - s
+        tau = (n.reshape(-1, 1, 1, 1) + torch.arange(1, c + 1, dtype=DTYPE).reshape(1, 1, c, 1))
+        P = (Q @ K.mT).tril()
+        corr = (Q @ C + P @ K) / tau
+        if centered:
+            mq = (Q @ m.unsqueeze(-1)) + P.sum(-1, keepdim=True)
+            Mrows = m.unsqueeze(-2) + torch.cumsum(K, dim=-2)
+            corr = corr - (mq / tau**2) * Mrows
+        pieces.append((Q - lam * corr).transpose(1, 2))
+        C = C + K.mT @ K
+        m = m + K.sum(-2)
+        n = n + c
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: C[:, ::ctx.G],
+            st.outputs[2].name: m[:, ::ctx.G], st.outputs[3].name: n}
+
+
+def run_interaction(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    sub = st.attr("sub_chunk") if st.attr("subchunk") else None
+    roles = tuple(r for r in ("Q", "E", "A", "F", "Wk", "b", "brow") if st.role(r) is not None)
+    out: dict[str, list[torch.Tensor]] = {m[0]: [] for m in st.attr("matrices")}
+    for _, _, _, x in _chunks_of(ctx, vals, st, *roles):
+        for name, row, col, mode in st.attr("matrices"):
+            brow = x.get("b") if row == "Q" else x.get("brow")
+            out[name].append(decayed_scores(x[row], x[col], brow, x.get("b"), strict=mode == "strict",  # type: ignore[arg-type]
+                                            sub_chunk=sub))
+    return out  # type: ignore[return-value]
+
+
+def run_triangular_solve(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    Ls = vals[st.role("L")]  # type: ignore[index]
+    beta = _get(vals, st, "beta")
+    out = []
+    for n, (s, e) in enumerate(ctx.chunks):
+        L = Ls[n]
+        c = e - s
+        eye = torch.eye(c, dtype=DTYPE)
+        if st.attr("family") == "tied":
+            if beta is not None:
+                bc = _chunk(beta, s, e, ctx.T)  # [B, HV, c, 1]
+                M = eye + bc * L
+                rhs = torch.diag_embed(bc.squeeze(-1))
+            else:
+                M, rhs = eye + L, eye.expand_as(L)
+        else:
+            M, rhs = eye - L, eye.expand_as(L)
+        out.append(torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True))
+    return {st.outputs[0].name: out}
+
+
+def run_wy(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    Ts = vals[st.role("T")]  # type: ignore[index]
+    Ws, Us = [], []
+    untied = st.attr("family") == "untied"
+    for n, _, _, x in _chunks_of(ctx, vals, st, "E", "Z", "V", "brow"):
+        T = Ts[n]
+        Ed = x["E"] * _exp_or_one(x["brow"])  # type: ignore[operator]
+        if untied:
+            Aew = vals[st.role("Aew")][n]  # type: ignore[index]
+            Ws.append(-(T @ Ed))
+            Us.append(T @ (Aew @ x["V"].expand(*Ed.shape[:-1], ctx.dv)))  # type: ignore[union-attr]
+        else:
+            Ws.append(T @ Ed)
+            Us.append(T @ x["Z"].expand(*Ed.shape[:-1], ctx.dv))  # type: ignore[union-attr]
+    return {st.outputs[0].name: _unchunk(Ws), st.outputs[1].name: _unchunk(Us)}
+
+
+def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """Sequential over chunks: U = Ũ − W H_n; H_{n+1} = Diag(e^{b_c}) H_n + Σ (K ⊙ e^{b_c − B})ᵀ V."""
+    fam = st.attr("family")
+    streams = st.attr("streams")
+    H = vals["S0"]
+    assert isinstance(H, torch.Tensor)
+    residual = st.attr("route") == "residual"
+    roles = ["W", "Ut", "b", "Z", "E", "brow"] + [f"K{i}" for i in range(len(streams))] + \
+            [f"V{i}" for i in range(len(streams))]
+    Hs, Us, Rs = [], [], []
+    for n, _, _, x in _chunks_of(ctx, vals, st, *roles):
+        Hs.append(H)
+        U = None
+        if fam != "additive":
+            U = x["Ut"] - x["W"] @ H  # type: ignore[operator]
+            Us.append(U)
+        if residual:
+            Ed = x["E"] * _exp_or_one(x["brow"])  # type: ignore[operator]
+            L = vals[st.role("L")][n]  # type: ignore[index]
+            Rs.append(x["Z"].expand(*Ed.shape[:-1], ctx.dv) - Ed @ H - L @ U)  # type: ignore[union-attr, operator]
+        b = x["b"]
+        if b is not None:
+            bc = b[..., -1:, :]  # [B, HV, 1, dk or 1]
+            H = torch.exp(bc).mT * H
+        for i in range(len(streams)):
+            K = x[f"K{i}"]
+            V = x[f"V{i}"] if x[f"V{i}"] is not None else U
+            assert K is not None and V is not None
+            Kd = K * torch.exp(bc - b) if b is not None else K
+            H = H + Kd.mT @ V.expand(*Kd.shape[:-1], ctx.dv)
+    out: dict[str, Value] = {}
+    names = [o.name for o in st.outputs]
+    i = 0
+    if fam != "additive":
+        out[names[0]] = _unchunk(Us)
+        i = 1
+    out[names[i]] = Hs
+    out[names[i + 1]] = H
+    if residual:
+        out[names[i + 2]] = _unchunk(Rs)
+    return out
+
+
+def run_output(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """O = scale·[(Q'⊙e^B) H_n + Σ (Q'⋆K) V] (inline scores) or with the given Q⋆F, Q⋆W matrices."""
+    Hs = vals[st.role("Hn")]  # type: ignore[index]
+    sub = st.attr("sub_chunk") if st.attr("subchunk") else None
+    scale = ctx.scale
+    inline = st.attr("inline_scores")
+    pieces = []
+    for n, _, _, x in _chunks_of(ctx, vals, st, "Q", "b", "K0", "V0", "V1"):
+        Q, b = x["Q"], x["b"]
+        assert Q is not None
+        o = (Q * _exp_or_one(b)) @ Hs[n]
+        if inline:
+            A = decayed_scores(Q, x["K0"], b, b, strict=False, sub_chunk=sub)  # type: ignore[arg-type]
+            o = o + A @ x["V0"].expand(*A.shape[:-1], ctx.dv)  # type: ignore[union-attr]
+        else:
+            for i in range(len(st.attr("scores"))):
+                A = vals[st.role(f"M{i}")][n]  # type: ignore[index]
+                o = o + A @ x[f"V{i}"].expand(*A.shape[:-1], ctx.dv)  # type: ignore[union-attr]
+        pieces.append(scale * o)
+    return {st.outputs[0].name: _unchunk(pieces)}
+
+
+STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value]]] = {
+    "l2norm": run_l2norm,
+    "gates": run_gates,
+    "chunk_cumsum": run_chunk_cumsum,
+    "precond_diag": run_precond_diag,
+    "precond_exact": run_precond_exact,
+    "curvature_query": run_curvature_query,
+    "interaction": run_interaction,
+    "triangular_solve": run_triangular_solve,
+    "wy": run_wy,
+    "state_pass": run_state_pass,
+    "output": run_output,
+}
+
+_STATE_INPUTS = {"S": "S0", "A": "A0", "P": "P0", "C": "C0", "m": "m0", "n": "n0"}
+
+
+def _run_stretch(plan: Plan, ctx: _Ctx, states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    vals: dict[str, Value] = {d.name: ctx.env[d.name] for d in ctx.ir.inputs}
+    for name, x in states.items():
+        vals[_STATE_INPUTS[name]] = x
+    for st in plan.stages():
+        out = STAGE_IMPLS[st.kind](st, ctx, vals)
+        missing = set(st.output_names) ^ set(out)
+        if missing:
+            raise AssertionError(f"stage {st.name} produced {sorted(out)}, declared {list(st.output_names)}")
+        vals.update(out)
+    return {result: vals[name] for result, name in plan.outputs}  # type: ignore[misc]
+
+
+def run_plan(plan: Plan, ir: IR, inputs: Mapping[str, torch.Tensor], *,
+             initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
+             output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+             scale: float | None = None) -> RecurrenceOutput:
+    """Execute `plan` stage by stage in float64 on CPU; same contract as runtime.reference.reference."""
+    x, dims = check_inputs(ir, inputs)
+    x = {n: t.detach().to("cpu", DTYPE) for n, t in x.items()}
+    scale = scale if scale is not None else (ir.scale if ir.scale is not None else dims.dk ** -0.5)
+    ranges = check_cu_seqlens(cu_seqlens, dims)
+    N = len(ranges) if ranges else dims.B
+    if isinstance(initial_state, torch.Tensor):
+        initial_state = initial_state.detach().to("cpu", DTYPE)
+    elif initial_state is not None:
+        initial_state = {n: t.detach().to("cpu", DTYPE) for n, t in initial_state.items()}
+    states = initial_states(ir, dims, N, initial_state, DTYPE, torch.device("cpu"))
+    states = {n: s.to(DTYPE) for n, s in states.items()}
+    # l2norm is a plan stage, so the environment binds the raw inputs.
+    env = build_env(replace(ir, normalize=()), x, dims, DTYPE)
+    C = plan.chunk_size
+
+    def ctx_for(sub_env: dict[str, torch.Tensor], T: int) -> _Ctx:
+        return _Ctx(plan, ir, sub_env, T, dims.G, dims.dk, dims.dv, scale,
+                    [(s, min(s + C, T)) for s in range(0, T, C)])
+
+    if not ranges:
+        results = [_run_stretch(plan, ctx_for(env, dims.T), states)]
+    else:
+        results = []
+        for i, (a, b) in enumerate(ranges):
+            sub = {n: (val[:, a:b] if val.shape[1] == dims.T else val) for n, val in env.items()}
+            results.append(_run_stretch(plan, ctx_for(sub, b - a), {n: s[i:i + 1] for n, s in states.items()}))
+    o = torch.cat([r["o"] for r in results], dim=1)
+    route = None
+    if "route" in results[0]:
+        route = torch.cat([r["route"].expand(*r["o"].shape) for r in results], dim=1)
+    final = None
+    if output_final_state:
+        final = {n: torch.cat([r[n] for r in results], dim=0) for n in ir.state_names}
+    return RecurrenceOutput(o, final, route)
+

@@ -1,0 +1,752 @@
+"""Canonical IR -> chunk plan: a DAG (networkx) of block-level stages, chosen by the IR's Structure.
+
+Each stage is a frozen `Stage` (name, kind, input operand names, typed outputs, attributes). The graph
+is built by one rule per stage kind (`STAGE_RULES`), each deciding from the Structure found by the
+analysis -- decay kind; additive / tied / untied (the *family*); preconditioner kind and placement;
+read correction; route -- whether its stage appears and how. No rule looks at the system's name, so
+specs that share structure share plan shape (gla and simple_gla differ only in the decay attribute).
+
+Stage kinds and what they compute (chunkwise.md section numbers in brackets):
+
+    l2norm            q, k -> qn, kn
+    gates             elementwise gate / gain / key expressions (sympy, evaluated per token)
+    chunk_cumsum      chunk-local inclusive cumsum b of a log-gate (and the exclusive b_{t-1} when the
+                      erase reads the undecayed state); Triton keeps it in log2 space
+    precond_diag      PDN statistic pass [5] -> write key kw (or read query qp), A_final
+    precond_exact     P_n pass + per-chunk Cholesky [6] -> kw (ATK) or qp (ATQ), P_final
+    curvature_query   CCQ statistics [4] -> read query qp, C/m/n finals
+    interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
+                      untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
+    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1}
+    wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
+    state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R
+    output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s]
+
+Operand shapes are symbolic: B, T, H (key heads), HV (value heads), dk, dv, NT (chunks), C (chunk
+size), N (sequences). Token-level operands are [B,T,heads,...] (FLA's layout); per-chunk matrices are
+[B,NT,HV,C,C]; states use the h = Sᵀ layout [N,HV,dk,dv]. dtype "in" is the input precision, "fp32"
+the accumulation precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import sympy as sp
+
+from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure
+
+STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_exact", "curvature_query", "interaction",
+               "triangular_solve", "wy", "state_pass", "output")
+
+
+class PlanTypeError(Exception):
+    """The plan is ill-typed: an operand consumed but never produced, or inconsistent shapes."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    shape: str  # e.g. "[B,T,HV,dk]"
+    dtype: str  # "in" | "fp32"
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return _dims(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.shape} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[Operand, ...]
+    attributes: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attributes:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def bind(self) -> dict[str, str]:
+        """role -> operand: which input plays which part (e.g. E, A, b for the interaction)."""
+        return dict(self.attr("bind", ()))
+
+    def role(self, r: str) -> str | None:
+        return self.bind.get(r)
+
+    @property
+    def output_types(self) -> dict[str, tuple[str, str]]:
+        """operand name -> (symbolic shape, dtype)."""
+        return {o.name: (o.shape, o.dtype) for o in self.outputs}
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    def out(self, name: str) -> Operand:
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"Stage({self.name}: {self.kind})"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A typed DAG of stages. `inputs`: spec inputs and initial states; `outputs`: result -> operand."""
+
+    name: str
+    graph: nx.DiGraph
+    inputs: tuple[Operand, ...]
+    outputs: tuple[tuple[str, str], ...]
+    structure: Structure
+    family: str  # additive | tied | untied
+    chunk_size: int
+    sub_chunk: int
+
+    def stages(self) -> list[Stage]:
+        order = {s.name: i for i, s in enumerate(self.graph.nodes)}
+        return list(nx.lexicographical_topological_sort(self.graph, key=lambda s: order[s.name]))
+
+    def kinds(self) -> list[str]:
+        return [s.kind for s in self.stages()]
+
+    def find(self, kind: str) -> list[Stage]:
+        return [s for s in self.stages() if s.kind == kind]
+
+    def stage(self, name: str) -> Stage:
+        for s in self.graph.nodes:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def producer(self, operand: str) -> Stage | None:
+        for s in self.graph.nodes:
+            if operand in s.output_names:
+                return s
+        return None
+
+    def operand(self, name: str) -> Operand:
+        p = self.producer(name)
+        if p is not None:
+            return p.out(name)
+        for o in self.inputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def feeds(self, operand: str, consumer_kind: str) -> bool:
+        """Whether `operand` is consumed by a stage of `consumer_kind`."""
+        return any(operand in s.inputs for s in self.find(consumer_kind))
+
+
+def _dims(shape: str) -> tuple[str, ...]:
+    inner = shape.strip()[1:-1].strip()
+    return tuple(d.strip() for d in inner.split(",")) if inner else ()
+
+
+def _shape(*dims: str) -> str:
+    return "[" + ",".join(d for d in dims if d) + "]"
+
+
+def family_of(s: Structure) -> str:
+    return "additive" if s.additive else ("tied" if s.tied else "untied")
+
+
+# --- per-token operand expressions -------------------------------------------------------------------
+def role_exprs(ir: IR) -> dict[str, sp.Expr]:
+    """The per-token quantities the plan's family needs, as sympy expressions over the spec's inputs.
+
+    tied (§2 letters): beta, ke (erase/read key E), kw (write key A), z (target Z):
+        u_t = β_t (z_t − X_t ke_t), X_t = S̄_t or S_{t-1}; a tied dplr maps to β = 1, ke = −e, z = v'.
+    additive: kw, vp (= v').   untied: e, f, kw (= w), vp.
+    """
+    s = ir.structure
+    sol = ir.solve
+    fam = family_of(s)
+    out: dict[str, sp.Expr] = {}
+    if ir.decay.kind != "none":
+        assert ir.decay.log_gate is not None
+        out["g"] = ir.decay.log_gate
+    e, f, vp, w = sol.canonical()
+    if fam == "tied":
+        if sol.kind == "delta":
+            assert sol.erase_key is not None
+            if sol.beta != 1:
+                out["beta"] = sol.beta
+            out["ke"] = sol.erase_key
+            out["kw"] = sol.write_key
+            out["z"] = sol.target
+        else:
+            out["ke"] = -e
+            out["kw"] = w
+            out["z"] = vp
+    elif fam == "additive":
+        out["kw"] = w
+        out["vp"] = vp
+    else:
+        out["e"] = e
+        out["f"] = f
+        out["kw"] = w
+        out["vp"] = vp
+    if ir.route == "value":
+        out["r"] = sol.target
+    d = ir.precond.diag
+    if ir.precond.kind == "diag" and d is not None:
+        out["p_inc"] = d.stat * d.gain if d.gain is not None else d.stat
+        if d.decay is not None:
+            out["gP"] = d.decay
+    if ir.read.kind == "curvature":
+        assert ir.read.lam is not None
+        out["lam"] = ir.read.lam
+    return out
+
+
+# --- the builder -----------------------------------------------------------------------------------
+@dataclass
+class _Builder:
+    ir: IR
+    chunk_size: int
+    sub_chunk: int
+    roles: dict[str, str] = field(default_factory=dict)  # logical role -> operand name
+    types: dict[str, Operand] = field(default_factory=dict)  # operand name -> type
+    stages: list[Stage] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+    exprs: dict[str, sp.Expr] = field(default_factory=dict)
+
+    @property
+    def s(self) -> Structure:
+        return self.ir.structure
+
+    @property
+    def family(self) -> str:
+        return family_of(self.s)
+
+    def add(self, name: str, kind: str, bind: dict[str, str | None], outputs: list[Operand], **attrs: Any) -> Stage:
+        """Add a stage; `bind` maps the stage's roles to operands (None: the role is absent)."""
+        pairs = tuple((r, o) for r, o in bind.items() if o is not None)
+        ins = tuple(dict.fromkeys(o for _, o in pairs))
+        attrs["bind"] = pairs
+        st = Stage(name, kind, ins, tuple(outputs), tuple(sorted(attrs.items())))
+        self.stages.append(st)
+        for o in outputs:
+            self.types[o.name] = o
+        return st
+
+    def op(self, role: str) -> str | None:
+        return self.roles.get(role)
+
+    def new(self, role: str, shape: str, dtype: str) -> Operand:
+        """A fresh operand for `role` (renamed if a spec input already has that name)."""
+        taken = {d.name for d in self.ir.inputs} | set(self.types)
+        name = role
+        while name in taken:
+            name += "_"
+        self.roles[role] = name
+        return Operand(name, shape, dtype)
+
+    # shapes of expressions
+    def _heads(self, expr: sp.Expr) -> str:
+        names = {x.name for x in expr.free_symbols} - {HEAD_INDEX.name}
+        decls = [self.ir.input(n) for n in names if n not in (KTILDE.name, STAT.name)]
+        return "H" if decls and all(d.heads == "key" for d in decls) and KTILDE.name not in names else "HV"
+
+    def expr_shape(self, expr: sp.Expr) -> str:
+        names = {x.name for x in expr.free_symbols} - {HEAD_INDEX.name}
+        decls = [self.ir.input(n) for n in names if n not in (KTILDE.name, STAT.name)]
+        vec = "dk" if KTILDE.name in names or any(d.vector == "key" for d in decls) else None
+        if vec is None and any(d.vector == "value" for d in decls):
+            vec = "dv"
+        per_token = KTILDE.name in names or any(not d.is_param for d in decls)
+        heads = self._heads(expr)
+        if not names and not expr.has(HEAD_INDEX):
+            return _shape(vec or "")
+        return _shape("B", "T", heads, vec or "") if per_token else _shape(heads, vec or "")
+
+    def alias(self, expr: sp.Expr) -> str | None:
+        """The operand that already holds `expr` when it is a bare input (q, k: after l2norm)."""
+        if not isinstance(expr, sp.Symbol) or expr.name in (KTILDE.name, STAT.name, HEAD_INDEX.name):
+            return None
+        return self.roles.get(f"in:{expr.name}", expr.name)
+
+    def operands_of(self, expr: sp.Expr) -> dict[str, str | None]:
+        """sym:NAME -> the operand bound to each input symbol of `expr`."""
+        names = sorted(x.name for x in expr.free_symbols if x.name not in (KTILDE.name, STAT.name, HEAD_INDEX.name))
+        return {f"sym:{n}": self.roles.get(f"in:{n}", n) for n in names}
+
+
+# --- one rule per stage kind ----------------------------------------------------------------------
+def rule_l2norm(b: _Builder) -> None:
+    if not b.s.normalize:
+        return
+    outs = []
+    for n in b.s.normalize:
+        decl = b.ir.input(n)
+        outs.append(b.new(f"{n}n", decl.shape_text().replace(" ", ""), "in"))
+        b.roles[f"in:{n}"] = outs[-1].name
+    b.add("l2norm", "l2norm", {n: n for n in b.s.normalize}, outs, eps=b.ir.norm_eps)
+
+
+def rule_gates(b: _Builder) -> None:
+    b.exprs = role_exprs(b.ir)
+    computed: list[tuple[str, sp.Expr]] = []
+    for role, expr in b.exprs.items():
+        if KTILDE in expr.free_symbols:
+            continue  # the preconditioner stage produces it
+        a = b.alias(expr)
+        if a is not None:
+            b.roles[role] = a  # a bare input: no stage needed
+        else:
+            computed.append((role, expr))
+    if not computed:
+        return
+    bind: dict[str, str | None] = {}
+    outs = []
+    for role, expr in computed:
+        bind.update(b.operands_of(expr))
+        outs.append(b.new(role, b.expr_shape(expr), "fp32"))
+    b.add("gates", "gates", bind, outs, exprs=tuple(computed))
+
+
+def rule_chunk_cumsum(b: _Builder) -> None:
+    g = b.op("g")
+    if g is not None:
+        gshape = b.types[g].shape if g in b.types else b.ir.input(g).shape_text().replace(" ", "")
+        vec = "dk" if _dims(gshape)[-1] == "dk" else ""
+        exclusive = b.family != "additive" and b.s.erase_reads == "undecayed"
+        outs = [b.new("b", _shape("B", "T", "HV", vec), "fp32")]
+        if exclusive:
+            outs.append(b.new("bx", _shape("B", "T", "HV", vec), "fp32"))
+        b.add("cumsum_g", "chunk_cumsum", {"g": g}, outs, decay=b.s.decay, exclusive=exclusive, log2=True)
+    gP = b.op("gP")
+    if gP is not None:
+        d = b.ir.precond.diag
+        assert d is not None
+        b.add("cumsum_gP", "chunk_cumsum", {"g": gP},
+              [b.new("bP", _shape("B", "T", "H" if d.heads == "key" else "HV"), "fp32")],
+              decay="scalar", exclusive=False, log2=True)
+
+
+def _precond_output(b: _Builder) -> Operand:
+    """ATK writes the write key kw; ATQ writes the read query qp."""
+    d = b.ir.precond.diag
+    heads = "H" if b.ir.precond.kind == "exact" or (d is not None and d.heads == "key") else "HV"
+    if b.s.precond_placement == "write_key":
+        if b.exprs["kw"] != KTILDE:
+            heads = "HV"
+        return b.new("kw", _shape("B", "T", heads, "dk"), "in")
+    out = b.new("qp", _shape("B", "T", heads, "dk"), "in")
+    b.roles["q_read"] = out.name
+    return out
+
+
+def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
+    bind: dict[str, str | None] = {"k": b.op("in:k") or "k"}
+    if b.s.precond_placement == "query":
+        bind["q"] = b.op("in:q") or "q"
+    else:
+        exprs = (*exprs, b.exprs["kw"])
+    for e in exprs:
+        if e is not None:
+            bind.update(b.operands_of(e))
+    return bind
+
+
+def rule_precond_diag(b: _Builder) -> None:
+    if b.s.precond != "diag":
+        return
+    d = b.ir.precond.diag
+    assert d is not None
+    heads = "H" if d.heads == "key" else "HV"
+    out = _precond_output(b)
+    bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "A0": "A0"}
+    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32")],
+          placement=b.s.precond_placement, heads=d.heads, map=d.map,
+          write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
+    b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
+
+
+def rule_precond_exact(b: _Builder) -> None:
+    if b.s.precond != "exact":
+        return
+    out = _precond_output(b)
+    bind = {**_precond_bind(b), "P0": "P0"}
+    b.add("precond_exact", "precond_exact", bind, [out, b.new("P_final", "[N,H,dk,dk]", "fp32")],
+          placement=b.s.precond_placement, lam=b.ir.precond.lam, cholesky="per_chunk",
+          write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
+    b.outputs["P"] = b.op("P_final")  # type: ignore[assignment]
+
+
+def rule_curvature_query(b: _Builder) -> None:
+    if b.s.read != "curvature":
+        return
+    bind = {"q": b.op("in:q") or "q", "k": b.op("in:k") or "k", "lam": b.op("lam"), "C0": "C0", "m0": "m0",
+            "n0": "n0"}
+    b.add("curvature_query", "curvature_query", bind,
+          [b.new("qp", "[B,T,HV,dk]", "in"), b.new("C_final", "[N,H,dk,dk]", "fp32"),
+           b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")],
+          centered=b.ir.read.centered)
+    b.roles["q_read"] = b.roles["qp"]
+    b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
+
+
+def _subchunk(b: _Builder) -> bool:
+    """Vector decay needs sub-chunk reference points (§3) once the chunk spans several sub-chunks."""
+    return b.s.decay == "vector" and b.chunk_size > b.sub_chunk
+
+
+def _q_read(b: _Builder) -> str:
+    return b.op("q_read") or b.op("in:q") or "q"
+
+
+def _brow(b: _Builder) -> str | None:
+    """The decay on the erase rows: b_t, or the exclusive b_{t-1} when the erase reads S_{t-1}."""
+    return b.op("bx") or b.op("b")
+
+
+MATRIX = "[B,NT,HV,C,C]"
+
+
+def rule_interaction(b: _Builder) -> None:
+    if b.family == "additive":
+        return
+    attrs = dict(decay=b.s.decay, subchunk=_subchunk(b), sub_chunk=b.sub_chunk,
+                 row_decay="exclusive" if b.op("bx") else "inclusive", family=b.family)
+    if b.family == "tied":
+        b.add("interaction", "interaction", {"E": b.op("ke"), "A": b.op("kw"), "b": b.op("b"), "brow": _brow(b)},
+              [L := b.new("L", MATRIX, "fp32")], matrices=((L.name, "E", "A", "strict"),), **attrs)
+        return
+    bind = {"Q": _q_read(b), "E": b.op("e"), "F": b.op("f"), "Wk": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
+    mats = (("Aef", "E", "F", "strict"), ("Aew", "E", "Wk", "strict"), ("Aqf", "Q", "F", "inclusive"),
+            ("Aqw", "Q", "Wk", "inclusive"))
+    outs = [b.new(m[0], MATRIX, "fp32") for m in mats]
+    mats = tuple((o.name, *m[1:]) for o, m in zip(outs, mats, strict=True))
+    b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
+
+
+def rule_triangular_solve(b: _Builder) -> None:
+    if b.family == "additive":
+        return
+    if b.family == "tied":
+        b.add("triangular_solve", "triangular_solve", {"L": b.op("L"), "beta": b.op("beta")},
+              [b.new("Tm", MATRIX, "fp32")], family="tied",
+              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1")
+    else:
+        b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "fp32")],
+              family="untied", form="(I - Aef)^-1")
+
+
+def rule_wy(b: _Builder) -> None:
+    if b.family == "additive":
+        return
+    outs = [b.new("W", "[B,T,HV,dk]", "in"), b.new("Ut", "[B,T,HV,dv]", "in")]
+    row = "exclusive" if b.op("bx") else "inclusive"
+    if b.family == "tied":
+        b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
+              row_decay=row, form="W = T(E*e^B), Ut = T Z")
+    else:
+        b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
+              family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
+
+
+def _streams(b: _Builder) -> tuple[tuple[str, str], ...]:
+    """(key, value) pairs written into the state: H_{n+1} = Γ_c H_n + Σ (K ⊙ e^{b_c − B})ᵀ V."""
+    if b.family == "additive":
+        return ((b.op("kw"), b.op("vp")),)  # type: ignore[return-value]
+    if b.family == "tied":
+        return ((b.op("kw"), b.op("U")),)  # type: ignore[return-value]
+    return ((b.op("f"), b.op("U")), (b.op("kw"), b.op("vp")))  # type: ignore[return-value]
+
+
+def rule_state_pass(b: _Builder) -> None:
+    outs = []
+    if b.family != "additive":
+        outs.append(b.new("U", "[B,T,HV,dv]", "in"))
+    outs += [b.new("Hn", "[B,NT,HV,dk,dv]", "fp32"), b.new("S_final", "[N,HV,dk,dv]", "fp32")]
+    streams = _streams(b)
+    bind: dict[str, str | None] = {}
+    if b.family != "additive":
+        bind.update(W=b.op("W"), Ut=b.op("Ut"))
+    for i, (k, v) in enumerate(streams):
+        bind[f"K{i}"] = k
+        bind[f"V{i}"] = None if v == b.op("U") else v
+    bind.update(b=b.op("b"), S0="S0")
+    if b.s.route == "residual":
+        bind.update(Z=b.op("z"), E=b.op("ke"), L=b.op("L"), brow=_brow(b))
+        outs.append(b.new("r", "[B,T,HV,dv]", "in"))
+        b.outputs["route"] = outs[-1].name
+    b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
+          route=b.s.route, sequential="chunks",
+          form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum (K e^(b_c-B))^T V")
+    b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]
+    if b.s.route == "value":
+        b.outputs["route"] = b.op("r")  # type: ignore[assignment]
+
+
+def rule_output(b: _Builder) -> None:
+    bind: dict[str, str | None] = {"Q": _q_read(b), "Hn": b.op("Hn"), "b": b.op("b")}
+    if b.family == "untied":
+        bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"))
+        scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
+        inline = False
+    else:
+        (k, v), = _streams(b)
+        bind.update(K0=k, V0=v)
+        scores = ((f"{bind['Q']}*{k}", v),)
+        inline = True
+    b.add("output", "output", bind, [b.new("o", "[B,T,HV,dv]", "in")], family=b.family, decay=b.s.decay,
+          scores=scores, inline_scores=inline, scale=b.ir.scale, subchunk=_subchunk(b) and inline,
+          sub_chunk=b.sub_chunk)
+    b.outputs["o"] = b.op("o")  # type: ignore[assignment]
+
+
+# Order is data dependence; each rule decides from the Structure whether its stage appears.
+STAGE_RULES: tuple[Callable[[_Builder], None], ...] = (
+    rule_l2norm, rule_gates, rule_chunk_cumsum, rule_precond_diag, rule_precond_exact, rule_curvature_query,
+    rule_interaction, rule_triangular_solve, rule_wy, rule_state_pass, rule_output,
+)
+
+_STATE_OPERANDS = {"S": ("S0", "[N,HV,dk,dv]"), "A": ("A0", None), "P": ("P0", "[N,H,dk,dk]"),
+                   "C": ("C0", "[N,H,dk,dk]"), "m": ("m0", "[N,H,dk]"), "n": ("n0", "[N]")}
+
+
+def plan_inputs(ir: IR) -> tuple[Operand, ...]:
+    ins = [Operand(d.name, d.shape_text().replace(" ", ""), "in") for d in ir.inputs]
+    for st in ir.state_names:
+        name, shape = _STATE_OPERANDS[st]
+        if st == "A":
+            assert ir.precond.diag is not None
+            shape = _shape("N", "H" if ir.precond.diag.heads == "key" else "HV", "dk")
+        ins.append(Operand(name, shape, "fp32"))
+    return tuple(ins)
+
+
+def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
+    """Lower the canonical IR to a typed chunk plan (typechecked before it is returned)."""
+    if chunk_size < 1 or sub_chunk < 1:
+        raise ValueError(f"chunk_size and sub_chunk must be positive; got {chunk_size}, {sub_chunk}")
+    if ir.structure is None:
+        raise ValueError(f"{ir.name}: the IR has no Structure; run compiler.ir.analyse first")
+    b = _Builder(ir, chunk_size, sub_chunk)
+    for rule in STAGE_RULES:
+        rule(b)
+    g = nx.DiGraph()
+    producer: dict[str, Stage] = {}
+    for st in b.stages:
+        g.add_node(st)
+        for o in st.output_names:
+            producer[o] = st
+    for st in b.stages:
+        for i in st.inputs:
+            p = producer.get(i)
+            if p is not None:
+                if g.has_edge(p, st):
+                    g.edges[p, st]["operands"].append(i)
+                else:
+                    g.add_edge(p, st, operands=[i])
+    order = ("o", "route", "S", "A", "P", "C", "m", "n")
+    outputs = tuple((k, b.outputs[k]) for k in order if k in b.outputs)
+    plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk)
+    typecheck(plan)
+    return plan
+
+
+# --- typechecking (abstract evaluation of shapes, one rule per kind) -----------------------------------
+HEADS = ("H", "HV")
+
+
+def _token(op: Operand, last: str | None = None, what: str = "") -> None:
+    d = op.dims
+    ok = len(d) >= 3 and d[:2] == ("B", "T") and d[2] in HEADS or (len(d) >= 1 and d[0] in HEADS) or d == ()
+    if not ok:
+        raise PlanTypeError(f"{what}: operand {op} is not a token-level or per-head operand")
+    if last is not None and (not d or d[-1] != last):
+        raise PlanTypeError(f"{what}: operand {op} must end with {last}")
+
+
+def _tc_l2norm(st: Stage, t: dict[str, Operand]) -> None:
+    for i, o in zip(st.inputs, st.outputs, strict=True):
+        if t[i].shape != o.shape:
+            raise PlanTypeError(f"{st.name}: {o} must have the shape of {t[i]}")
+
+
+def _tc_gates(st: Stage, t: dict[str, Operand]) -> None:
+    for o in st.outputs:
+        _token(o, what=st.name)
+
+
+def _tc_chunk_cumsum(st: Stage, t: dict[str, Operand]) -> None:
+    (g,) = st.inputs
+    gd = t[g].dims
+    for o in st.outputs:
+        if o.dtype != "fp32" or o.dims[:2] != ("B", "T") or (gd[-1] == "dk") != (o.dims[-1] == "dk"):
+            raise PlanTypeError(f"{st.name}: {o} is not the fp32 chunk cumsum of {t[g]}")
+
+
+def _tc_precond(st: Stage, t: dict[str, Operand]) -> None:
+    for i in st.inputs:
+        if i in ("A0", "P0"):
+            fin = st.outputs[1]
+            if t[i].shape != fin.shape:
+                raise PlanTypeError(f"{st.name}: initial {t[i]} and final {fin} differ")
+    _token(st.outputs[0], "dk", st.name)
+
+
+def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
+    for r in ("q", "k"):
+        _token(t[st.bind[r]], "dk", st.name)
+    for n in ("C", "m", "n"):
+        if t[f"{n}0"].shape != st.outputs[1 + "Cmn".index(n)].shape:
+            raise PlanTypeError(f"{st.name}: {n}0 and {n}_final differ")
+
+
+def _tc_interaction(st: Stage, t: dict[str, Operand]) -> None:
+    for r, i in st.bind.items():
+        if r in ("E", "A", "F", "Wk", "Q"):
+            _token(t[i], "dk", st.name)
+        elif t[i].dims[:2] != ("B", "T") or t[i].dtype != "fp32":
+            raise PlanTypeError(f"{st.name}: the decay {t[i]} must be an fp32 chunk cumsum")
+    for o in st.outputs:
+        if o.shape != "[B,NT,HV,C,C]":
+            raise PlanTypeError(f"{st.name}: {o} must be [B,NT,HV,C,C]")
+
+
+def _tc_triangular_solve(st: Stage, t: dict[str, Operand]) -> None:
+    if t[st.bind["L"]].shape != MATRIX or st.outputs[0].shape != MATRIX:
+        raise PlanTypeError(f"{st.name}: the solve maps [B,NT,HV,C,C] to [B,NT,HV,C,C]")
+    if "beta" in st.bind:
+        i = st.bind["beta"]
+        if t[i].dims[-1] in ("dk", "dv"):
+            raise PlanTypeError(f"{st.name}: the gain {t[i]} must be one number per token")
+
+
+def _tc_wy(st: Stage, t: dict[str, Operand]) -> None:
+    W, Ut = st.outputs
+    if t[st.bind["T"]].shape != MATRIX:
+        raise PlanTypeError(f"{st.name}: {t[st.bind['T']]} must be a per-chunk matrix")
+    _token(t[st.bind["E"]], "dk", st.name)
+    if W.dims[-1] != "dk" or Ut.dims[-1] != "dv":
+        raise PlanTypeError(f"{st.name}: W must end with dk and Ũ with dv")
+
+
+def _tc_state_pass(st: Stage, t: dict[str, Operand]) -> None:
+    for k, v in st.attr("streams"):
+        _token(t[k], "dk", st.name)
+        vt = st.out(v) if v in st.output_names else t[v]
+        _token(vt, "dv", st.name)
+    fin = st.outputs[-2] if st.attr("route") == "residual" else st.outputs[-1]
+    if t["S0"].shape != fin.shape or fin.shape != "[N,HV,dk,dv]":
+        raise PlanTypeError(f"{st.name}: S0 and S_final must both be [N,HV,dk,dv]")
+    if not any(o.shape == "[B,NT,HV,dk,dv]" for o in st.outputs):
+        raise PlanTypeError(f"{st.name}: Hn must be [B,NT,HV,dk,dv]")
+    if "W" in st.bind and (t[st.bind["W"]].dims[-1] != "dk" or t[st.bind["Ut"]].dims[-1] != "dv"):
+        raise PlanTypeError(f"{st.name}: W/Ũ shapes")
+
+
+def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
+    _token(t[st.bind["Q"]], "dk", st.name)
+    if t[st.bind["Hn"]].shape != "[B,NT,HV,dk,dv]" or st.outputs[0].shape != "[B,T,HV,dv]":
+        raise PlanTypeError(f"{st.name}: O = Q' H_n + ... needs Hn [B,NT,HV,dk,dv] and gives [B,T,HV,dv]")
+    for _, v in st.attr("scores"):
+        _token(t[v], "dv", st.name)
+
+
+TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
+    "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
+    "precond_exact": _tc_precond, "curvature_query": _tc_curvature, "interaction": _tc_interaction,
+    "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "state_pass": _tc_state_pass, "output": _tc_output,
+}
+
+
+def typecheck(plan: Plan) -> None:
+    """Every consumed operand is produced upstream (or is a plan input), exactly once; shapes agree."""
+    g = plan.graph
+    if not nx.is_directed_acyclic_graph(g):
+        raise PlanTypeError(f"{plan.name}: the plan has a cycle")
+    types: dict[str, Operand] = {o.name: o for o in plan.inputs}
+    for st in plan.stages():
+        if st.kind not in STAGE_KINDS:
+            raise PlanTypeError(f"{st.name}: unknown stage kind {st.kind!r}")
+        for i in st.inputs:
+            if i not in types:
+                raise PlanTypeError(f"{plan.name}: stage {st.name} consumes `{i}`, which no earlier stage produces")
+            p = plan.producer(i)
+            if p is not None and not g.has_edge(p, st):
+                raise PlanTypeError(f"{plan.name}: stage {st.name} consumes `{i}` without an edge from {p.name}")
+        for o in st.outputs:
+            if o.name in types:
+                raise PlanTypeError(f"{plan.name}: operand `{o.name}` is produced twice")
+            if o.dtype not in ("in", "fp32"):
+                raise PlanTypeError(f"{st.name}: {o} has an unknown dtype")
+            for d in o.dims:
+                if d not in ("B", "T", "H", "HV", "dk", "dv", "NT", "C", "N"):
+                    raise PlanTypeError(f"{st.name}: {o} has an unknown dimension {d}")
+        TYPE_RULES[st.kind](st, types)
+        for o in st.outputs:
+            types[o.name] = o
+    for result, name in plan.outputs:
+        if name not in types:
+            raise PlanTypeError(f"{plan.name}: result `{result}` reads `{name}`, which is never produced")
+
+
+# --- printing ----------------------------------------------------------------------------------------
+def _attr_text(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_attr_text(x) for x in v) + ")"
+    return str(v)
+
+
+def format_plan(plan: Plan) -> str:
+    """`dgps show --stage plan`: one line per stage in topological order, with operands and shapes."""
+    s = plan.structure
+    lines = [f"plan {plan.name}  (family {plan.family}; decay {s.decay}; chunk {plan.chunk_size}, sub-chunk "
+             f"{plan.sub_chunk})",
+             "  inputs: " + ", ".join(str(o) for o in plan.inputs)]
+    for st in plan.stages():
+        outs = ", ".join(str(o) for o in st.outputs)
+        ins = ", ".join(o if r == o else f"{r}={o}" for r, o in st.attr("bind", ()))
+        attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None and k != "bind")
+        lines.append(f"  {st.name:<16} {st.kind:<16} ({ins}) -> {outs}" + (f"  {{{attrs}}}" if attrs else ""))
+    lines.append("  results: " + ", ".join(f"{r} = {n}" for r, n in plan.outputs))
+    return "\n".join(lines)
+
+
+def _dot_quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def plan_to_dot(plan: Plan) -> str:
+    """Graphviz dot text of the plan: stages as boxes, plan inputs and results as ellipses."""
+    lines = [f"digraph {_dot_quote('plan_' + plan.name)} {{", "  rankdir=TB;",
+             '  node [fontname="Helvetica", fontsize=10];']
+    used = {i for st in plan.graph.nodes for i in st.inputs}
+    for o in plan.inputs:
+        if o.name in used:
+            lines.append(f"  {_dot_quote('in:' + o.name)} [shape=ellipse, label={_dot_quote(o.name + ' ' + o.shape)}];")
+    for st in plan.stages():
+        label = f"{st.name}\\n[{st.kind}]"
+        lines.append(f"  {_dot_quote(st.name)} [shape=box, style=rounded, label=\"{label}\"];")
+    for st in plan.stages():
+        for i in st.inputs:
+            p = plan.producer(i)
+            src = p.name if p is not None else "in:" + i
+            shape = plan.operand(i).shape
+            lines.append(f"  {_dot_quote(src)} -> {_dot_quote(st.name)} [label={_dot_quote(i + ' ' + shape)}];")
+    for result, name in plan.outputs:
+        p = plan.producer(name)
+        src = p.name if p is not None else "in:" + name
+        lines.append(f"  {_dot_quote('out:' + result)} [shape=ellipse, style=bold, label={_dot_quote(result)}];")
+        lines.append(f"  {_dot_quote(src)} -> {_dot_quote('out:' + result)} [label={_dot_quote(name)}];")
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,406 @@
+"""Chunk plans: built from the IR's Structure, typechecked, printable; the plan interpreter equals the
+sequential reference (float64) for every spec, on ragged, T = 1, varlen, GVA, initial/final states and
+strong-decay inputs, and on hypothesis-drawn inputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import networkx as nx
+import pytest
+import torch
+from dgps.compiler.interpret import decayed_scores, run_plan
+from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
+from dgps.runtime.api import Recurrence, load
+from dgps.runtime.reference import reference, state_shapes
+from dgps.runtime.tensors import Dims
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
+SPECS = sorted(p.stem.removesuffix(".dgps") for p in SPEC_DIR.glob("*.dgps"))
+TOL = 1e-10
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny CPU ops: threading only adds overhead (and noise on a shared 2-core box).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@cache
+def rec(name: str) -> Recurrence:
+    return load(SPEC_DIR / f"{name}.dgps")
+
+
+@cache
+def plan(name: str, chunk: int = 64, sub: int = 16) -> Plan:
+    return build_plan(rec(name).ir, chunk, sub)
+
+
+def test_spec_list_nonempty():
+    assert len(SPECS) >= 20
+
+
+# --- plan shape ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SPECS)
+def test_plan_builds_typechecks_prints(name):
+    p = plan(name)
+    typecheck(p)
+    assert nx.is_directed_acyclic_graph(p.graph)
+    assert all(isinstance(s, Stage) for s in p.graph.nodes)
+    assert p.kinds()[-2:] == ["state_pass", "output"]
+    text = format_plan(p)
+    for s in p.stages():
+        assert s.name in text
+        for o in s.outputs:
+            assert f"{o.name}: {o.shape} {o.dtype}" in text
+    dot = plan_to_dot(p)
+    assert dot.startswith("digraph") and dot.rstrip().endswith("}")
+    for s in p.stages():
+        assert f'"{s.name}"' in dot
+    # every consumed operand is produced upstream or is a plan input
+    inputs = {o.name for o in p.inputs}
+    seen: set[str] = set()
+    for s in p.stages():
+        assert set(s.inputs) <= inputs | seen, (s.name, set(s.inputs) - inputs - seen)
+        seen |= set(s.output_names)
+    assert {r for r, _ in p.outputs} >= {"o", "S"}
+
+
+def _shape(p: Plan) -> tuple[list[tuple[str, str]], set[tuple[str, str]]]:
+    """Stage kinds and edges, without attributes or operand shapes."""
+    return [(s.name, s.kind) for s in p.stages()], {(a.name, b.name) for a, b in p.graph.edges}
+
+
+def test_gla_and_simple_gla_share_the_additive_plan():
+    gla, sgla = plan("gla"), plan("simple_gla")
+    assert _shape(gla) == _shape(sgla)
+    assert gla.family == sgla.family == "additive"
+    assert [s.kind for s in gla.stages()] == ["chunk_cumsum", "state_pass", "output"]
+    assert gla.stage("output").attr("decay") == "vector" and sgla.stage("output").attr("decay") == "scalar"
+    assert gla.operand("b").shape == "[B,T,HV,dk]" and sgla.operand("b").shape == "[B,T,HV]"
+    for name in ("la", "retnet", "mamba2", "exact_atq", "ccq_gla"):
+        assert "interaction" not in plan(name).kinds() and "wy" not in plan(name).kinds()
+
+
+def test_delta_family_plans_have_interaction_solve_wy():
+    for name in ("deltanet", "gdn", "kda", "gdn2", "pgdn", "pkda", "exact_atk", "cler_h_kda"):
+        p = plan(name)
+        assert p.family == "tied"
+        kinds = p.kinds()
+        for k in ("interaction", "triangular_solve", "wy", "state_pass", "output"):
+            assert k in kinds, (name, k)
+        assert len(p.stage("interaction").outputs) == 1  # L' only; the output forms Q⋆A itself
+        assert p.stage("output").attr("inline_scores")
+    # routes and fused gates change operands, not the stages
+    assert _shape(plan("gdn")) == _shape(plan("clvr_gdn"))
+    gdn_stages, gdn_edges = _shape(plan("gdn"))
+    cler_stages, cler_edges = _shape(plan("cler_h_gdn"))
+    assert cler_stages == gdn_stages and cler_edges - gdn_edges == {("interaction", "state_pass")}  # L' for R
+    assert Counter(plan("gdn_fused_gate").kinds()) - Counter(plan("gdn").kinds()) == Counter(gates=1)
+    assert plan("kda").stage("interaction").attr("subchunk") and not plan("gdn").stage("interaction").attr("subchunk")
+
+
+def test_gdn_kda_same_shape_different_decay():
+    gdn, kda = build_plan(rec("gdn").ir, 64, 16), build_plan(rec("kda").ir, 64, 16)
+    kinds = lambda p: [s.kind for s in p.stages() if s.kind != "l2norm"]  # noqa: E731
+    assert kinds(gdn) == kinds(kda)
+    assert gdn.stage("interaction").attr("decay") == "scalar" and kda.stage("interaction").attr("decay") == "vector"
+
+
+def test_pgdn_adds_precond_diag_feeding_the_write_key():
+    p, base = plan("pgdn"), plan("gdn")
+    assert Counter(p.kinds()) - Counter(base.kinds()) == Counter(gates=1, chunk_cumsum=1, precond_diag=1)
+    pre = p.stage("precond_diag")
+    kw = pre.outputs[0].name
+    assert p.stage("interaction").role("A") == kw  # write key: columns of L' = E ⋆⁻ A
+    assert p.stage("interaction").role("E") == "kn"  # erase key stays k
+    assert p.stage("state_pass").role("K0") == kw and p.stage("output").role("K0") == kw
+    assert p.stage("output").role("Q") == "qn"  # the read key/query is untouched
+    assert p.graph.has_edge(p.stage("cumsum_gP"), pre)
+    assert pre.outputs[1].shape == "[N,H,dk]"  # statistics per key head (shared by grouped value heads)
+
+
+def test_ccq_adds_curvature_query_feeding_the_output_query():
+    for name, base, extra in (("ccq_gdn", "gdn", Counter(curvature_query=1)),
+                              ("ccq_gla", "gla", Counter(curvature_query=1, l2norm=1))):
+        p = plan(name)
+        assert Counter(p.kinds()) - Counter(plan(base).kinds()) == extra
+        cq = p.stage("curvature_query")
+        assert p.stage("output").role("Q") == cq.outputs[0].name
+        assert p.graph.has_edge(cq, p.stage("output"))
+        # the write path is unchanged: nothing on it reads q̂
+        for s in p.stages():
+            if s.kind in ("interaction", "triangular_solve", "wy", "state_pass"):
+                assert cq.outputs[0].name not in s.inputs
+
+
+def test_exact_precond_placement():
+    atk, atq = plan("exact_atk"), plan("exact_atq")
+    assert atk.stage("interaction").role("A") == atk.stage("precond_exact").outputs[0].name
+    assert atq.stage("output").role("Q") == atq.stage("precond_exact").outputs[0].name
+    assert atq.family == "additive"
+
+
+def test_rwkv7_dplr_untied_four_matrices():
+    p = plan("rwkv7_dplr")
+    assert p.family == "untied"
+    inter = p.stage("interaction")
+    assert len(inter.outputs) == 4 and len(inter.attr("matrices")) == 4
+    assert inter.attr("row_decay") == "exclusive"  # the erase reads S_{t-1}: rows use b_{t-1}
+    assert p.stage("cumsum_g").attr("exclusive")
+    assert p.stage("triangular_solve").role("L") == "Aef"
+    assert not p.stage("output").attr("inline_scores")
+
+
+def test_routes():
+    assert dict(plan("cler_h_gdn").outputs)["route"] == "r"
+    assert "r" in plan("cler_h_gdn").stage("state_pass").output_names
+    assert dict(plan("clvr_gdn").outputs)["route"] == "v"  # the write value is an input: no stage
+    assert "route" not in dict(plan("gdn").outputs)
+
+
+def test_plan_depends_on_structure_not_name():
+    src = (SPEC_DIR / "gdn.dgps").read_text().replace("recurrence gdn", "recurrence something_else")
+    other = build_plan(load(src).ir)
+    assert format_plan(other).replace("something_else", "gdn") == format_plan(plan("gdn"))
+
+
+def test_typecheck_rejects_broken_plans():
+    p = plan("kda")
+    g = p.graph.copy()
+    g.remove_node(p.stage("triangular_solve"))
+    with pytest.raises(PlanTypeError, match="Tm"):
+        typecheck(replace(p, graph=g))
+    g = p.graph.copy()
+    wy = p.stage("wy")
+    bad = replace(wy, outputs=(replace(wy.outputs[0], shape="[B,T,HV,dv]"), wy.outputs[1]))
+    nx.relabel_nodes(g, {wy: bad}, copy=False)
+    with pytest.raises(PlanTypeError):
+        typecheck(replace(p, graph=g))
+
+
+def test_bad_chunk_sizes():
+    with pytest.raises(ValueError):
+        build_plan(rec("gla").ir, 0)
+
+
+# --- the interpreter against the reference -------------------------------------------------------------
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+
+
+def initial(r: Recurrence, dims: Dims, N: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Valid random initial states: P SPD, C PSD, A > 0, n a count."""
+    out = {}
+    for n, shp in state_shapes(r.ir, dims, N).items():
+        z = torch.randn(shp, generator=gen, dtype=torch.float64)
+        if n == "P":
+            z = torch.eye(shp[-1], dtype=torch.float64) + 0.1 * z @ z.mT
+        elif n == "C":
+            z = z @ z.mT
+        elif n == "A":
+            z = z.abs()
+        elif n == "n":
+            z = torch.randint(0, 20, shp, generator=gen).to(torch.float64)
+        out[n] = z
+    return out
+
+
+def strong_decay(r: Recurrence, x: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Log-gates uniform in [−100, 0]; decays computed from params (−exp(A_log)·Δ) made strong too."""
+    x = dict(x)
+    for d in r.ir.inputs:
+        if d.domain == "log_gate":
+            x[d.name] = -100.0 * torch.rand(x[d.name].shape, generator=gen, dtype=torch.float64)
+        elif d.is_param and d.name == "A_log":
+            x[d.name] = torch.full_like(x[d.name], 4.0)
+    return x
+
+
+def check(name: str | Recurrence, *, B=2, T=50, H=2, G=1, dk=8, dv=6, chunk=16, sub=16, seed=0, varlen=None,
+          states=False, strong=False) -> float:
+    r = rec(name) if isinstance(name, str) else name
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = r.random_inputs(B, T, H, dk, dv, HV=H * G, seed=seed)
+    if strong:
+        x = strong_decay(r, x, gen)
+    cu = torch.tensor(varlen) if varlen is not None else None
+    N = len(varlen) - 1 if varlen is not None else B
+    init = initial(r, Dims(B, T, H, H * G, dk, dv), N, gen) if states else None
+    ref = reference(r.ir, x, initial_state=init, output_final_state=True, cu_seqlens=cu)
+    got = run_plan(build_plan(r.ir, chunk, sub), r.ir, x, initial_state=init, output_final_state=True, cu_seqlens=cu)
+    assert got.o.shape == ref.o.shape and got.o.dtype == torch.float64
+    assert torch.isfinite(got.o).all()
+    errs = {"o": rel_err(got.o, ref.o)}
+    assert got.final_state is not None and ref.final_state is not None
+    assert set(got.final_state) == set(ref.final_state) == set(r.ir.state_names)
+    for n, v in ref.final_state.items():
+        assert got.final_state[n].shape == v.shape, n
+        assert torch.isfinite(got.final_state[n]).all()
+        errs[n] = rel_err(got.final_state[n], v)
+    assert (got.route is None) == (ref.route is None)
+    if ref.route is not None:
+        errs["route"] = rel_err(got.route, ref.route)
+    worst = max(errs.values())
+    assert worst <= TOL, errs
+    return worst
+
+
+CASES = {
+    "T1": dict(T=1),
+    "ragged": dict(T=50, chunk=16, sub=8),
+    "varlen": dict(B=1, T=50, chunk=16, sub=4, varlen=[0, 7, 23, 24, 50], states=True),
+    "gva_states": dict(T=37, G=2, chunk=8, sub=4, states=True),
+    "strong_decay": dict(T=50, G=2, chunk=16, sub=4, strong=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", SPECS)
+def test_interpreter_equals_reference(name, case):
+    check(name, **CASES[case])
+
+
+def test_strong_decay_really_is_strong():
+    """Within a 16-token chunk the cumulative decay passes −709: e^{−b} factored from the chunk start would
+    overflow even in float64, so a passing strong-decay test means the forms avoid it."""
+    r = rec("kda")
+    x = strong_decay(r, r.random_inputs(1, 16, 1, 4, 4), torch.Generator().manual_seed(0))
+    assert float(x["g"].sum(1).min()) < -709
+
+
+def test_decayed_scores_subchunk_equals_pairwise():
+    gen = torch.Generator().manual_seed(0)
+    c, d = 13, 5
+    X, Y = (torch.randn(2, 3, c, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = -30 * torch.rand(2, 3, c, d, generator=gen, dtype=torch.float64)
+    b = g.cumsum(-2)
+    bx = b - g
+    for strict in (False, True):
+        for row in (b, bx):
+            ref = decayed_scores(X, Y, row, b, strict=strict)
+            for s in (1, 2, 4, 5):
+                got = decayed_scores(X, Y, row, b, strict=strict, sub_chunk=s)
+                assert rel_err(got, ref) < 1e-13
+
+
+# --- structures beyond the library: the rules compose ----------------------------------------------------
+EXTRA_SPECS = {
+    # untied DPLR whose erase reads the decayed state (inclusive row decay)
+    "dplr_decayed": """recurrence dplr_decayed
+  input q, k  : key
+  input v     : value
+  input w     : key_channel log_gate
+  input kappa : key_channel
+  input iclr  : key_channel unit
+  let   khat = kappa / sqrt(kappa * kappa + 1e-6)
+  decay vector(w)
+  solve dplr(e = -khat, f = khat * iclr)
+end
+""",
+    # a dplr with f = w is tied: the cheap plan, with the exclusive row decay of an undecayed erase
+    "dplr_tied_undecayed": """recurrence dplr_tied_undecayed
+  input q, k  : key
+  input v     : value
+  input g     : token log_gate
+  input a     : key_channel unit
+  normalize q, k
+  decay scalar(g)
+  solve dplr(e = -a * k, f = k, reads = undecayed)
+end
+""",
+    # a diagonal preconditioner on the query, without a statistic decay
+    "atq_diag": """recurrence atq_diag
+  input q, k   : key
+  input v      : value
+  input betaP  : token unit
+  param mu     : head = -0.2
+  normalize q, k
+  precond diag(k * k, gain = betaP) -> exp(-log(1.5) * softsign(log(A + 1e-6) - mu)) on query
+  solve   additive
+end
+""",
+    # key/value gains on an additive write, and a value route that is computed (w ⊙ v)
+    "gla_gains_route": """recurrence gla_gains_route
+  input q, k : key
+  input v    : value
+  input g    : key_channel log_gate
+  input b    : key_channel unit
+  input w    : value_channel unit
+  decay vector(g)
+  gain  key = b, value = w
+  solve additive
+  route value
+end
+""",
+    # exact ATK with a decay, a gain and the residual route
+    "exact_atk_gdn": """recurrence exact_atk_gdn
+  input q, k : key
+  input v    : value
+  input g    : token log_gate
+  input beta : token unit
+  decay scalar(g)
+  gain beta
+  precond exact(lambda = 0.5) on write_key
+  solve   delta
+  route residual
+end
+""",
+    # PDN statistics on the write key and CCQ on the query, together
+    "ccq_pkda": """recurrence ccq_pkda
+  input q, k   : key
+  input v      : value
+  input g      : key_channel log_gate
+  input beta   : token unit
+  input gP     : token log_gate key_head
+  input betaP  : token unit key_head
+  input lam    : token unit
+  param mu     : head key_head = -0.2
+  normalize q, k
+  decay   vector(g)
+  gain    beta
+  precond diag(k * k, decay = gP, gain = betaP) -> exp(-log(1.5) * softsign(log(A + 1e-6) - mu)) on write_key
+  solve   delta
+  read    curvature(lam, centered)
+  route   value
+end
+""",
+}
+
+EXTRA_FAMILY = {"dplr_decayed": "untied", "dplr_tied_undecayed": "tied", "atq_diag": "additive",
+                "gla_gains_route": "additive", "exact_atk_gdn": "tied", "ccq_pkda": "tied"}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_SPECS))
+def test_composed_structures(name):
+    r = load(EXTRA_SPECS[name])
+    p = build_plan(r.ir, 16, 4)
+    assert p.family == EXTRA_FAMILY[name]
+    assert ("bx" in {o.name for s in p.stages() for o in s.outputs}) == (name == "dplr_tied_undecayed")
+    for case in ("T1", "varlen", "gva_states", "strong_decay"):
+        check(r, **CASES[case])
+
+
+# --- hypothesis: inputs, T, chunk sizes ------------------------------------------------------------------
+HYP_SPECS = ["gla", "kda", "gdn2", "pgdn", "ccq_gdn", "exact_atk", "rwkv7_dplr", "mamba2"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(HYP_SPECS), seed=st.integers(0, 2**16), T=st.integers(1, 40),
+       chunk=st.sampled_from([4, 8, 16]), sub=st.sampled_from([2, 4, 16]), G=st.sampled_from([1, 2]),
+       states=st.booleans(), strong=st.booleans(), varlen=st.booleans())
+def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, varlen):
+    cu = None
+    if varlen and T >= 3:
+        cut = sorted({1 + seed % (T - 1), 1 + (seed // 7) % (T - 1)})
+        cu = [0, *cut, T]
+    check(name, B=1 if cu else 2, T=T, H=1, G=G, dk=4, dv=3, chunk=chunk, sub=sub, seed=seed, varlen=cu,
+          states=states, strong=strong)
