@@ -65,13 +65,12 @@ def measure_ceilings() -> tuple[float, float]:
 
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=10, rep=50, return_mode="median")
+    ms = triton.testing.do_bench(lambda x=x, y=y: y.copy_(x), warmup=10, rep=50, return_mode="median")
     copy_bw = 2 * x.numel() / (ms * 1e-3)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=10, rep=50, return_mode="median")
+    ms = triton.testing.do_bench(lambda a=a, b=b: a @ b, warmup=10, rep=50, return_mode="median")
     mm_rate = 2 * 8192**3 / (ms * 1e-3)
-    del x, y, a, b
     return copy_bw, mm_rate
 
 
@@ -126,8 +125,8 @@ def main() -> int:
         out = pkg.forward(**x, output_final_state=True)
         torch.cuda.synchronize()
         row["dgps_cold_s"] = time.time() - t0
-        row["dgps_ms"] = triton.testing.do_bench(lambda: pkg.forward(**x, output_final_state=True), warmup=25, rep=200,
-                                                 return_mode="median")
+        row["dgps_ms"] = triton.testing.do_bench(lambda pkg=pkg, x=x: pkg.forward(**x, output_final_state=True),
+                                                 warmup=25, rep=200, return_mode="median")
         nbytes = sum(t.numel() * t.element_size() for t in x.values())
         nbytes += out.o.numel() * 2 + B * H * D * D * 4
         row["floor_mem_ms"] = nbytes / copy_bw * 1e3
@@ -138,7 +137,8 @@ def main() -> int:
             fo = fla_fns[name](x)
             torch.cuda.synchronize()
             row["fla_cold_s"] = time.time() - t0
-            row["fla_ms"] = triton.testing.do_bench(lambda: fla_fns[name](x), warmup=25, rep=200, return_mode="median")
+            fn = fla_fns[name]
+            row["fla_ms"] = triton.testing.do_bench(lambda fn=fn, x=x: fn(x), warmup=25, rep=200, return_mode="median")
             row["dgps_over_fla"] = row["dgps_ms"] / row["fla_ms"]
         if not args.no_reference:
             ref = rec.reference(**{k: v.double() for k, v in x.items()}, output_final_state=True)
@@ -150,7 +150,6 @@ def main() -> int:
             del ref
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del x, out
         torch.cuda.empty_cache()
     hdr = f"{'system':<10} {'path':<9} {'dgps ms':>8} {'FLA ms':>8} {'dgps/FLA':>8} {'mem floor':>9} {'x floor':>7} " \
           f"{'err o':>9} {'FLA err o':>9}"

@@ -53,6 +53,9 @@ def initial_states(ir: IR, dims: Dims, N: int, given: torch.Tensor | Mapping[str
         given = {}
     elif isinstance(given, torch.Tensor):
         given = {"S": given}
+    elif not isinstance(given, Mapping):
+        raise TensorError(f"{ir.name}: initial_state must be a tensor (the state S, {list(shapes['S'])}) or a dict of "
+                          f"states {{name: tensor}} with names from {list(shapes)}; got {type(given).__name__}")
     unknown = sorted(set(given) - set(shapes))
     if unknown:
         raise TensorError(f"{ir.name}: unknown initial state(s) {unknown}; this spec carries {list(shapes)}")
@@ -66,6 +69,8 @@ def initial_states(ir: IR, dims: Dims, N: int, given: torch.Tensor | Mapping[str
                 x = eye.expand(shape).clone()
             else:
                 x = torch.zeros(shape, dtype=dtype, device=device)
+        elif not isinstance(x, torch.Tensor):
+            raise TensorError(f"{ir.name}: initial state `{name}` must be a torch.Tensor {list(shape)}, got {type(x).__name__}")
         elif tuple(x.shape) != shape:
             raise TensorError(f"{ir.name}: initial state `{name}` has shape {list(x.shape)}, expected {list(shape)}")
         out[name] = x

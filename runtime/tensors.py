@@ -43,6 +43,10 @@ def check_inputs(ir: IR, inputs: Mapping[str, torch.Tensor | None]) -> tuple[dic
     for n in ("q", "v"):
         if inputs.get(n) is None:
             raise TensorError(f"{ir.name}: missing input `{n}` ({ir.input(n).shape_text()})")
+        if not isinstance(inputs[n], torch.Tensor):
+            raise TensorError(
+                f"{ir.name}: `{n}` must be a torch.Tensor {ir.input(n).shape_text()}, got {type(inputs[n]).__name__}"
+            )
     q, v = inputs["q"], inputs["v"]
     if q.dim() != 4 or v.dim() != 4:
         raise TensorError(
@@ -84,9 +88,14 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, dims: Dims) -> list[tuple[
     """The (start, end) token ranges of each sequence; one range per batch row when not packed."""
     if cu_seqlens is None:
         return []
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TensorError(
+            f"cu_seqlens must be a 1-D integer torch.Tensor [N + 1] of offsets starting at 0; got {type(cu_seqlens).__name__}"
+        )
     if dims.B != 1:
         raise TensorError(f"cu_seqlens needs a packed batch with B = 1; got B = {dims.B}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
+    if (cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex()
+            or cu_seqlens.dtype == torch.bool):
         raise TensorError("cu_seqlens must be a 1-D integer tensor [N + 1] of offsets starting at 0")
     c = [int(x) for x in cu_seqlens.tolist()]
     if c[0] != 0 or c[-1] != dims.T:
