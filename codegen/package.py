@@ -2,6 +2,7 @@
 
     spec.dgps       the spec text
     recurrent.py    the recurrent kernel (decode, and the forward where no chunk form is emitted)
+    backward.py     the recurrent backward kernel (every gradient; checkpointed recompute)
     chunk.py        the chunked forward kernels (when the chunk plan is supported)
     metadata.json   spec hash, dgps/triton versions, which forward path and why
     __init__.py     forward / decode / reference entry points taking the spec's inputs by name
@@ -22,6 +23,7 @@ from ..runtime.reference import state_shapes
 from ..runtime.tensors import Dims
 from .chunk import render_chunk, supports_chunk
 from .recurrent import render_recurrent
+from .recurrent_bwd import render_recurrent_backward
 
 
 @cache
@@ -50,6 +52,7 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
     chunk_ok, chunk_why = supports_chunk(ir)
     files = {"spec.dgps": rec.source if rec.source.endswith("\n") else rec.source + "\n"}
     files["recurrent.py"] = render_recurrent(ir)
+    files["backward.py"] = render_recurrent_backward(ir)
     if chunk_ok:
         files["chunk.py"] = render_chunk(ir)
     names = [d.name for d in ir.inputs]
@@ -59,6 +62,7 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
         [f"{n}: torch.Tensor" for n in required] + [f"{n}: torch.Tensor | None = None" for n in optional]
     )
     states = list(state_shapes(ir, Dims(1, 1, 1, 1, 1, 1), 1))
+    state_args = [f"state_{s}" for s in states]
     meta = {
         "name": ir.name,
         "spec_sha256": spec_hash(rec.source),
@@ -84,5 +88,13 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
         input_list=required + optional,
         signature=signature,
         call_args=", ".join(required + optional),
+        route=ir.route,
+        op_signature=", ".join(f"{a}: torch.Tensor" for a in names + state_args),
+        op_inputs=", ".join(f'"{n}": {n}' for n in names),
+        op_states=", ".join(f'"{s}": {a}' for s, a in zip(states, state_args, strict=True)),
+        op_tensor_args=", ".join(names + state_args) + ("," if len(names + state_args) == 1 else ""),
+        op_state_args=", ".join(state_args) + ("," if len(state_args) == 1 else ""),
+        q_index=names.index("q"),
+        v_index=names.index("v"),
     )
     return files
