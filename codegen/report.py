@@ -10,6 +10,8 @@ reports registers, spills and shared memory of the cubin.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -106,7 +108,20 @@ def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noq
 
 
 def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256) -> list[KernelReport]:
-    """Compile every kernel the package launches (forward and decode) at dk = dv = each of `dims`."""
+    """Compile every kernel the package launches (forward, decode, backward) at dk = dv = each of `dims`.
+
+    Runs in a fresh interpreter process: a process that already imported triton under TRITON_INTERPRET=1
+    holds interpreter objects that cannot be compiled for a GPU.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "dgps.codegen.report", "--T", str(T), "--dims", *map(str, dims)]
+    proc = subprocess.run(cmd, input=rec.source, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT compile report failed for {rec.name}:\n{proc.stderr[-4000:]}")
+    return [KernelReport(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[KernelReport]:
     from ..runtime.compile import import_package, write_package
     from ..runtime.reference import initial_states
     from ..runtime.tensors import check_inputs
@@ -128,6 +143,11 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
                     state = {k: v.float() for k, v in initial_states(ir, dm, 1, None, torch.float32,
                                                                        torch.device("cpu")).items()}
                     pkg.decode(**{k: (v[:, :1] if not ir.input(k).is_param else v) for k, v in x.items()}, state=state)
+                    # The backward kernels: autograd through the package's custom op (values are garbage:
+                    # nothing is launched, only recorded).
+                    xg = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
+                    out = pkg.forward(**xg, output_final_state=True)
+                    out.o.float().sum().backward()
                 seen = set()
                 for fn, args, kwargs in calls:
                     key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
@@ -148,6 +168,21 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
     return reports
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ..runtime.api import load
+
+    parser = argparse.ArgumentParser(description="AOT-compile a spec's kernels for sm_90; spec text on stdin")
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--T", type=int, default=256)
+    args = parser.parse_args(argv)
+    rec = load(sys.stdin.read(), filename="<stdin>")
+    rows = _aot_report_here(rec, tuple(args.dims), args.T)
+    print(json.dumps([dataclasses.asdict(r) for r in rows]))
+    return 0
+
+
 def format_report(reports: list[KernelReport]) -> str:
     lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'spill B':>8} "
              f"{'shared B':>9}  result"]
@@ -155,3 +190,7 @@ def format_report(reports: list[KernelReport]) -> str:
         lines.append(f"{r.module:<10} {r.kernel:<34} {r.dk:>5} {r.config:<18} {r.registers:>5} {r.spill_bytes:>8} "
                      f"{r.shared_bytes:>9}  {'ok' if r.ok else 'FAILED: ' + r.error}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
