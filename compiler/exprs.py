@@ -28,6 +28,9 @@ class sigmoid(sp.Function):  # noqa: N801 - spec-facing name
     def _eval_is_positive(self):
         return self.args[0].is_extended_real
 
+    def _eval_is_finite(self):
+        return True if self.args[0].is_extended_real else None
+
 
 class softplus(sp.Function):  # noqa: N801
     nargs = 1
@@ -40,6 +43,9 @@ class softplus(sp.Function):  # noqa: N801
 
     def _eval_is_positive(self):
         return self.args[0].is_extended_real
+
+    def _eval_is_finite(self):
+        return self.args[0].is_finite
 
 
 class logsigmoid(sp.Function):  # noqa: N801
@@ -54,6 +60,9 @@ class logsigmoid(sp.Function):  # noqa: N801
     def _eval_is_negative(self):
         return self.args[0].is_real
 
+    def _eval_is_finite(self):
+        return self.args[0].is_finite
+
 
 class softsign(sp.Function):  # noqa: N801
     nargs = 1
@@ -63,6 +72,9 @@ class softsign(sp.Function):  # noqa: N801
 
     def _eval_is_extended_real(self):
         return self.args[0].is_extended_real
+
+    def _eval_is_finite(self):
+        return True if self.args[0].is_extended_real else None
 
 
 class silu(sp.Function):  # noqa: N801

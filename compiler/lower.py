@@ -15,8 +15,10 @@ import sympy as sp
 from ..dsl import ast
 from ..dsl.check import Kind, Scope, check_declarations
 from ..dsl.errors import (
+    DuplicateArgument,
     DuplicateSlot,
     Loc,
+    MissingPlacement,
     MissingSlot,
     NotAnInput,
     NotLogDomain,
@@ -43,6 +45,15 @@ _ASSUMPTIONS = {
     "unit": {"positive": True},
     "positive": {"positive": True},
     "free": {"real": True},
+}
+
+
+_BINARY: dict[str, Callable[[sp.Expr, sp.Expr], sp.Expr]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "**": sp.Pow,
 }
 
 
@@ -82,18 +93,26 @@ class Lowering:
                 out = -self.sym(o)
             case ast.BinOp(op=op, left=l, right=r):
                 a, b = self.sym(l), self.sym(r)
-                out = {"+": a + b, "-": a - b, "*": a * b}.get(op) if op in "+-*" else None
-                if op == "/":
-                    out = a / b
-                elif op == "**":
-                    out = sp.Pow(a, b) if not (b.is_Integer and int(b) > 16) else sp.Pow(a, sp.Float(b))
+                if op == "**" and b.is_Integer and int(b) > 16:
+                    b = sp.Float(b)
+                out = self._node(e, lambda: _BINARY[op](a, b))
             case ast.Call(func=f, args=args):
-                out = FUNCTIONS[f][1](*(self.sym(x) for x in args))  # type: ignore[arg-type]
+                xs = [self.sym(x) for x in args]  # type: ignore[arg-type]
+                out = self._node(e, lambda: FUNCTIONS[f][1](*xs))
             case _:
                 raise TypeError(type(e))
         if out.has(sp.zoo, sp.nan, sp.oo, -sp.oo, sp.I):
             raise NotReal(e.loc, expr=ast.expr_text(e))
-        return out
+        return _no_huge_rationals(out)
+
+    @staticmethod
+    def _node(e: ast.Expr, build: Callable[[], sp.Expr]) -> sp.Expr:
+        """Build one sympy node. sympy evaluates numeric nodes eagerly in arbitrary precision, and
+        mpmath raises OverflowError for results beyond any exponent it can hold (exp(exp(exp(1000))))."""
+        try:
+            return build()
+        except OverflowError:
+            raise NotReal(e.loc, expr=ast.expr_text(e)) from None
 
     def typed(self, e: ast.Expr | ast.KwArg, what: str, *, vec: tuple[str | None, ...],
               fix: str = "") -> tuple[sp.Expr, Kind]:
@@ -102,7 +121,9 @@ class Lowering:
         k = self.scope.kind_of(e)
         if k.vec not in vec:
             if None in vec and len(vec) == 1:
-                raise VectorAsScalar(e.loc, what=what, expr=ast.expr_text(e), kind=k.vec)
+                side = {"key": "key-channel", "value": "value-channel"}[k.vec or "key"]
+                raise VectorAsScalar(e.loc, what=what, expr=ast.expr_text(e), kind=side,
+                                     fix=fix or "declare it per token (`input x : token`) or per head (`param x : head`)")
             expected = " or ".join({None: "a scalar", "key": "a key-channel vector",
                                     "value": "a value-channel vector"}[v] for v in vec)
             raise WrongKind(e.loc, what=what, expected=expected, expr=ast.expr_text(e), kind=k.describe(),
@@ -121,6 +142,13 @@ class Lowering:
                 raise NotStatic(v.loc, where=where, name=v.name)
 
 
+def _no_huge_rationals(x: sp.Expr) -> sp.Expr:
+    """Exact numbers beyond float range become Floats: `((16 ** 16) ** 16) ** 16` must not grow a
+    20,000-digit integer (slow, and unprintable for the later stages)."""
+    big = {r: sp.Float(r) for r in x.atoms(sp.Rational) if max(abs(r.p), r.q).bit_length() > 64}
+    return x.xreplace(big) if big else x
+
+
 # --- slot options --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Option:
@@ -130,15 +158,26 @@ class Option:
     kwargs: dict[str, ast.KwArg]
 
 
+def _unique_kwargs(args: tuple[ast.Expr | ast.KwArg, ...]) -> None:
+    seen: dict[str, ast.KwArg] = {}
+    for a in args:
+        if isinstance(a, ast.KwArg):
+            if a.name in seen:
+                raise DuplicateArgument(a.loc, name=a.name, first_col=seen[a.name].loc.col)
+            seen[a.name] = a
+
+
 def _option(slot: ast.Slot, options: tuple[str, ...]) -> Option:
     if len(slot.args) != 1 or isinstance(slot.args[0], ast.KwArg):
-        raise WrongArguments(slot.slot_loc, option=slot.slot, problem="takes one option",
-                             usage=f"`{slot.slot} {options[0]}`")
+        where = slot.args[1].loc if len(slot.args) > 1 else slot.args[0].loc
+        raise WrongArguments(where, option=slot.slot, problem=f"takes one option, got {len(slot.args)} arguments",
+                             usage=f"one of {', '.join(f'`{slot.slot} {o}`' for o in options)}")
     a = slot.args[0]
     match a:
         case ast.Var(name=w, loc=loc):
             word, args, kwargs = w, (), {}
         case ast.Call(func=w, args=xs, loc=loc):
+            _unique_kwargs(xs)
             word = w
             args = tuple(x for x in xs if not isinstance(x, ast.KwArg))
             kwargs = {x.name: x for x in xs if isinstance(x, ast.KwArg)}
@@ -172,15 +211,51 @@ def _no_extras(slot: ast.Slot, allow_map: bool = False, allow_on: bool = False) 
 
 
 def _constant(low: Lowering, e: ast.Expr, what: str) -> float:
+    low.scope.kind_of(e)  # undefined names, unknown functions and arities first, located
     low.static(e, what)
     x = low.sym(e)
     if x.free_symbols:
         names = ", ".join(sorted(s.name for s in x.free_symbols))
-        raise WrongKind(e.loc, what=what, expected="a number", expr=ast.expr_text(e), kind=f"depends on {names}",
+        raise WrongKind(e.loc, what=what, expected="a number", expr=ast.expr_text(e), kind=f"not a constant (it reads {names})",
                         fix="write a number")
-    value = float(x)
+    value = _numeric(x)()
     if not math.isfinite(value):
         raise NotReal(e.loc, expr=ast.expr_text(e))
+    return value
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _softplus(x: float) -> float:
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+# The spec's activations for float evaluation of constant expressions (sympy's math printer lacks them).
+_MATH = {
+    "sigmoid": _sigmoid,
+    "softplus": _softplus,
+    "logsigmoid": lambda x: -_softplus(-x),
+    "softsign": lambda x: x / (1.0 + abs(x)),
+    "silu": lambda x: x * _sigmoid(x),
+}
+# What float arithmetic raises for a value that is not a finite real: sqrt/log of a negative number
+# (ValueError), 1/0, exp overflow, a complex power (TypeError from float()).
+_NUMERIC_ERRORS = (ValueError, ZeroDivisionError, OverflowError, TypeError)
+
+
+def _numeric(x: sp.Expr, *args: sp.Symbol) -> Callable[..., float]:
+    """`x` as a float function of `args`, returning NaN where it is not a finite real number."""
+    f = sp.lambdify(args, x, modules=[_MATH, "math"])
+
+    def value(*vals: float) -> float:
+        try:
+            out = float(f(*vals))
+        except _NUMERIC_ERRORS:
+            return math.nan
+        return out if math.isfinite(out) else math.nan
+
     return value
 
 
@@ -189,6 +264,7 @@ def rule_normalize(low: Lowering, slot: ast.Slot) -> None:
     _no_extras(slot)
     names: list[str] = []
     eps = 1e-6
+    _unique_kwargs(slot.args)
     for a in slot.args:
         if isinstance(a, ast.KwArg):
             if a.name != "eps":
@@ -233,7 +309,8 @@ def rule_decay(low: Lowering, slot: ast.Slot) -> None:
     _only(opt, 1, (), usage)
     arg = opt.args[0]
     if opt.word == "scalar":
-        g, _ = low.typed(arg, "a scalar decay", vec=(None,))
+        g, _ = low.typed(arg, "a scalar decay", vec=(None,),
+                         fix="use `decay vector(...)` for a per-key-channel decay, or a `token` log-gate here")
         low.nonpositive(arg, g, "scalar decay")
         low.parts["decay"] = Decay("scalar", g)
     elif opt.word == "vector":
@@ -250,12 +327,9 @@ def rule_decay(low: Lowering, slot: ast.Slot) -> None:
             raise NotStatic(arg.loc, where="const decay", name=sorted(s.name for s in free)[0],
                             hint="const(...) is fixed per head: use head_index and numbers; "
                                  "a learned per-head decay is scalar(param)")
-        f = sp.lambdify(HEAD_INDEX, gamma, "math")
+        f = _numeric(gamma, HEAD_INDEX)
         for h in range(256):
-            try:
-                val = float(f(h))
-            except (ValueError, ZeroDivisionError, OverflowError, TypeError):
-                val = float("nan")
+            val = f(h)
             if not (0.0 < val <= 1.0):
                 raise NotUnitInterval(arg.loc, expr=ast.expr_text(arg), head=h)
         low.parts["decay"] = Decay("const", sp.log(gamma))
@@ -266,12 +340,14 @@ def rule_gain(low: Lowering, slot: ast.Slot) -> None:
     beta: sp.Expr = sp.Integer(1)
     gk: sp.Expr = sp.Integer(1)
     gv: sp.Expr = sp.Integer(1)
+    _unique_kwargs(slot.args)
     positional = [a for a in slot.args if not isinstance(a, ast.KwArg)]
     if len(positional) > 1:
         raise WrongArguments(positional[1].loc, option="gain", problem="takes one scalar gain",
                              usage="`gain beta` or `gain key = b, value = w`")
     if positional:
-        beta, _ = low.typed(positional[0], "the gain", vec=(None,))
+        beta, _ = low.typed(positional[0], "the gain", vec=(None,),
+                            fix="per-channel gains are keyword arguments: `gain key = b, value = w`")
     for a in slot.args:
         if not isinstance(a, ast.KwArg):
             continue
@@ -297,13 +373,15 @@ def rule_precond(low: Lowering, slot: ast.Slot) -> None:
         return
     _no_extras(slot, allow_map=opt.word == "diag", allow_on=True)
     if slot.placement is None:
-        raise PlacementError(slot.loc, option=opt.word, got="nothing")
+        raise MissingPlacement(Loc.point(slot.loc.end_line, slot.loc.end_col), option=opt.word)
     if slot.placement.name not in ("write_key", "query"):
         raise PlacementError(slot.placement.loc, hint=did_you_mean(slot.placement.name, ("write_key", "query")) or None,
                              option=opt.word, got=f"`{slot.placement.name}`")
     placement = slot.placement.name
     if opt.word == "exact":
         _only(opt, 1, ("lambda",), "`precond exact(lambda = 1.0) on query`", required=0)
+        if opt.args and "lambda" in opt.kwargs:
+            raise DuplicateArgument(opt.kwargs["lambda"].loc, name="lambda", first_col=opt.args[0].loc.col)
         lam_e = opt.kwargs["lambda"].value if "lambda" in opt.kwargs else (opt.args[0] if opt.args else None)
         lam = 1.0 if lam_e is None else _constant(low, lam_e, "exact lambda")
         if lam <= 0:
@@ -434,6 +512,10 @@ SLOT_RULES: dict[str, Callable[[Lowering, ast.Slot], None]] = {
 }
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
+
+
 # --- combination rules: (predicate over the IR parts, located slot, what, reason, fix) -------------
 def _combination_checks(low: Lowering) -> None:
     solve: Solve = low.parts["solve"]  # type: ignore[assignment]
@@ -446,7 +528,7 @@ def _combination_checks(low: Lowering) -> None:
 
     if precond.placement == "query" and solve.kind != "additive":
         raise UnsupportedCombination(
-            at("precond"), what=f"a query preconditioner (ATQ) with a {solve.spelled} solve",
+            at("precond"), what=f"a query preconditioner (ATQ) with {_a(solve.spelled)} solve",
             reason="ATQ reads P_t q_t from an accumulated state; with an erase the preconditioner no longer "
                    "commutes with the write (ATQ ≡ ATK holds for additive-ATQ vs delta-ATK)",
             fix="use `on write_key` (ATK) with this solve, or `solve additive`")
@@ -456,7 +538,7 @@ def _combination_checks(low: Lowering) -> None:
             reason="both rewrite the query", fix="keep one of them")
     if route == "residual" and solve.kind != "delta":
         raise UnsupportedCombination(
-            at("route"), what=f"route residual with a {solve.spelled} solve",
+            at("route"), what=f"route residual with {_a(solve.spelled)} solve",
             reason="the residual r = v − S̄k is the delta family's erase target",
             fix="use `route value`, or a delta/erase_write solve")
     if solve.kind == "dplr" and precond.kind != "none":
@@ -494,7 +576,7 @@ def _lower(spec: ast.Spec) -> IR:
     _combination_checks(low)
     for name, d in scope.decls.items():
         if name not in scope.used:
-            raise UnusedInput(d.loc, name=name)
+            raise UnusedInput(d.loc, name=name, what="param" if d.is_param else "input")
     inputs = tuple(
         TensorDecl(d.name, d.role, d.is_param, d.heads, d.domain, d.default) for d in scope.decls.values()
     )

@@ -7,6 +7,7 @@ channel, dk) or 'value' (per value channel, dv); `varies` is 'const', 'head' or 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..compiler.exprs import FUNCTIONS
@@ -25,6 +26,7 @@ from .errors import (
     UnknownDescriptor,
     UnknownFunction,
     UnknownRole,
+    UsedBeforeDefinition,
     WrongArity,
     WrongCoreRole,
     did_you_mean,
@@ -87,6 +89,7 @@ class Scope:
     first_loc: dict[str, Loc] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     extra: dict[str, Kind] = field(default_factory=dict)  # slot-local names such as A
+    defined_at: dict[str, Loc] = field(default_factory=dict)  # all names the spec defines, anywhere
 
     def kind_of(self, e: ast.Expr | ast.KwArg) -> Kind:
         """The kind of an expression, raising located errors for bad names and calls."""
@@ -126,6 +129,10 @@ def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict) -> Kind:
             if n in scope.decls:
                 scope.used.add(n)
                 return scope.decls[n].kind
+            if n in scope.defined_at and scope.defined_at[n].line != loc.line:
+                raise UsedBeforeDefinition(loc, name=n, line=scope.defined_at[n].line)
+            if n in scope.defined_at:
+                raise UndefinedName(loc, hint=f"`{n}` is being defined on this line; a let cannot use itself", name=n)
             known = list(scope.decls) + list(scope.lets) + list(scope.extra)
             raise UndefinedName(loc, hint=did_you_mean(n, known) or None, name=n)
         case ast.KwArg(name=n, loc=loc):
@@ -187,13 +194,18 @@ def _descriptors(st: ast.InputDecl | ast.ParamDecl) -> tuple[str, str, str]:
             heads = "key"
         elif role is None and w in ROLES_INPUT + ROLES_PARAM:
             kind = "param" if isinstance(st, ast.ParamDecl) else "input"
-            raise UnknownRole(d.loc, hint=f"`{w}` is not a role for a {kind}; {kind} roles: {', '.join(roles)}", word=w)
+            article = "an" if kind == "input" else "a"
+            raise UnknownRole(d.loc, hint=f"`{w}` is not a role for {article} {kind}; {kind} roles: {', '.join(roles)}",
+                              word=w)
         elif role is None:
             raise UnknownRole(d.loc, hint=did_you_mean(w, roles) or None, word=w)
         else:
             raise UnknownDescriptor(d.loc, hint=did_you_mean(w, DOMAINS + ("key_head",)) or None, word=w)
     if role is None:
-        raise MissingRole(st.loc, names=", ".join(n.name for n in st.names))
+        keyword = "param" if isinstance(st, ast.ParamDecl) else "input"
+        first = st.descriptors[0]
+        raise MissingRole(first.loc, names=", ".join(n.name for n in st.names), keyword=keyword,
+                          example="head" if keyword == "param" else "token", word=first.name)
     assert role_word is not None
     if role == "key":
         heads = "key"
@@ -201,18 +213,38 @@ def _descriptors(st: ast.InputDecl | ast.ParamDecl) -> tuple[str, str, str]:
 
 
 def _const_value(e: ast.Expr) -> float | None:
+    """The value of a constant arithmetic expression (numbers, + - * / **), or None."""
     match e:
         case ast.Num(value=v):
             return v
         case ast.Neg(operand=o):
             v = _const_value(o)
             return None if v is None else -v
+        case ast.BinOp(op=op, left=l, right=r):
+            a, b = _const_value(l), _const_value(r)
+            if a is None or b is None:
+                return None
+            try:
+                out = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
+                       "**": lambda: a**b}[op]()
+            except (ZeroDivisionError, OverflowError):
+                return None
+            if isinstance(out, complex) or not math.isfinite(out):
+                return None
+            return out
     return None
 
 
 def check_declarations(spec: ast.Spec) -> Scope:
     """Resolve inputs, params and lets (in order: a let may use what is declared above it)."""
     scope = Scope()
+    for st in spec.statements:  # every name the spec defines, for "used before its definition"
+        match st:
+            case ast.InputDecl(names=names) | ast.ParamDecl(names=names):
+                for n in names:
+                    scope.defined_at.setdefault(n.name, n.loc)
+            case ast.LetDecl(name=n):
+                scope.defined_at.setdefault(n.name, n.loc)
     for st in spec.statements:
         match st:
             case ast.InputDecl(names=names):
@@ -226,7 +258,9 @@ def check_declarations(spec: ast.Spec) -> Scope:
                 if default is not None:
                     value = _const_value(default)
                     if value is None:
-                        raise BadDefault(default.loc, name=names[0].name)
+                        reads = [v.name for v in scope.names_in(default)]
+                        raise BadDefault(default.loc, name=names[0].name,
+                                         reads=reads[0] if reads else ast.expr_text(default))
                 for n in names:
                     _declare(scope, n)
                     scope.decls[n.name] = Decl(n.name, role, True, heads, domain, value, n.loc)

@@ -30,6 +30,19 @@ class Loc:
 NOWHERE = Loc(1, 1, 1, 2)
 
 
+def printable_line(line: str) -> str:
+    """A source line as quoted under an error: one column per character, control characters as spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in line)
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of a spec as the parser counts them: split at `\n` only (a `\r` before it is dropped).
+
+    `str.splitlines` would also split at form feeds, `\x1c`, `\u2028`, ..., and so disagree with the
+    parser's line numbers."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else ""
@@ -59,10 +72,10 @@ class SpecError(Exception):
 
     def render(self) -> str:
         head = f"{self.filename}:{self.loc.line}:{self.loc.col}: error: {self.message}"
-        lines = self.source.splitlines()
+        lines = source_lines(self.source)
         out = [head]
         if 1 <= self.loc.line <= len(lines):
-            text = lines[self.loc.line - 1].expandtabs(1)
+            text = printable_line(lines[self.loc.line - 1])
             width = self.loc.end_col - self.loc.col if self.loc.end_line == self.loc.line else 1
             width = max(1, min(width, max(1, len(text) - self.loc.col + 1)))
             out += [f"  {text}", "  " + " " * (self.loc.col - 1) + "^" * width]
@@ -97,6 +110,46 @@ class MissingEnd(SpecError):
     hint = "add a line `end` after the last statement"
 
 
+class MissingRecurrence(SpecError):
+    template = "expected `recurrence NAME`, found `{word}`"
+    hint = "a spec starts with `recurrence NAME`, then one statement per line, then `end`"
+
+
+class MissingName(SpecError):
+    template = "`recurrence` needs a name"
+    hint = "e.g. `recurrence gdn`"
+
+
+class TextAfterEnd(SpecError):
+    template = "unexpected `{word}` after the `end` of recurrence `{name}`"
+    hint = "a spec file holds one recurrence; move this line above `end`"
+
+
+class MissingColon(SpecError):
+    template = "missing `:` before `{word}`"
+    hint = "write the names, a colon, then the role, e.g. `{keyword} {names} : {word}`"
+
+
+class MissingEquals(SpecError):
+    template = "missing `=` after `let {name}`"
+    hint = "write `let {name} = <expression>`"
+
+
+class IncompleteExpression(SpecError):
+    template = "expression is incomplete after `{after}`"
+    hint = "expected {expected}"
+
+
+class MissingOption(SpecError):
+    template = "`{slot}` needs an option"
+    hint = "e.g. `{example}`"
+
+
+class StatementNotAtLineStart(SpecError):
+    template = "`{word}` must start its own line"
+    hint = "one statement per line: break the line before `{word}`"
+
+
 class BadCharacter(SpecError):
     template = "unexpected character {char!r}"
     hint = "names are letters, digits and `_`; operators are + - * / ** ( ) , = : ->"
@@ -108,7 +161,7 @@ class EmptySpec(SpecError):
 
 
 class TooDeep(SpecError):
-    template = "expression nested too deeply ({depth} levels)"
+    template = "expression nested too deeply (more than {limit} levels)"
     hint = "split it into several `let` lines"
 
 
@@ -135,7 +188,7 @@ class UnknownDescriptor(SpecError):
 
 class MissingRole(SpecError):
     template = "`{names}` has no role"
-    hint = "write a role first, e.g. `input g : token log_gate`"
+    hint = "write a role before the domain, e.g. `{keyword} {names} : {example} {word}`"
 
 
 class ConflictingDescriptor(SpecError):
@@ -144,8 +197,8 @@ class ConflictingDescriptor(SpecError):
 
 
 class BadDefault(SpecError):
-    template = "default of `{name}` must be a constant"
-    hint = "write a number, e.g. `param mu : head = -0.2`"
+    template = "default of `{name}` must be a constant, but it reads `{reads}`"
+    hint = "write a number, e.g. `param {name} : head = -0.2`"
 
 
 class DefaultOnInput(SpecError):
@@ -174,6 +227,11 @@ class UndefinedName(SpecError):
     hint = "declare it with input/param/let before use"
 
 
+class UsedBeforeDefinition(SpecError):
+    template = "`{name}` is used before its definition"
+    hint = "`{name}` is defined on line {line}; move that line above this one"
+
+
 class UnknownFunction(SpecError):
     template = "unknown function `{name}`"
     hint = "functions: {known}"
@@ -195,7 +253,7 @@ class MixedVectors(SpecError):
 
 
 class NotStatic(SpecError):
-    template = "`{where}` must not depend on per-token inputs (`{name}` is per token)"
+    template = "{where} must not depend on per-token inputs (`{name}` is per token)"
     hint = "use params, head_index and numbers only"
 
 
@@ -220,6 +278,11 @@ class WrongArguments(SpecError):
     hint = "write it as {usage}"
 
 
+class DuplicateArgument(SpecError):
+    template = "argument `{name}` is given twice"
+    hint = "it is first given at column {first_col}; keep one of them"
+
+
 class UnknownKeyword(SpecError):
     template = "`{option}` has no argument `{word}`"
     hint = "arguments of {option}: {known}"
@@ -227,7 +290,7 @@ class UnknownKeyword(SpecError):
 
 class VectorAsScalar(SpecError):
     template = "{what} must be one number per token, but `{expr}` is a {kind} vector"
-    hint = "use vector(...) for per-channel decay, or reduce it to a token-level input"
+    hint = "{fix}"
 
 
 class WrongKind(SpecError):
@@ -254,13 +317,18 @@ class UnsupportedCombination(SpecError):
 
 
 class UnusedInput(SpecError):
-    template = "input `{name}` is declared but never used"
+    template = "{what} `{name}` is declared but never used"
     hint = "remove it, or use it in a let or slot"
 
 
 class PlacementError(SpecError):
     template = "`{option}` placement must be `on write_key` or `on query`, got {got}"
     hint = "e.g. `precond exact(lambda = 1.0) on query`"
+
+
+class MissingPlacement(SpecError):
+    template = "`{option}` needs a placement: `on write_key` (ATK) or `on query` (ATQ)"
+    hint = "end the line with `on write_key` or `on query`"
 
 
 class UnexpectedMap(SpecError):
@@ -275,4 +343,4 @@ class NotAnInput(SpecError):
 
 class NotReal(SpecError):
     template = "`{expr}` does not evaluate to a finite real number"
-    hint = "check signs under sqrt/log and powers of negative numbers"
+    hint = "it is infinite, undefined or complex: check for division by zero, signs under sqrt/log, overflowing exp/powers"

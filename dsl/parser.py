@@ -3,33 +3,45 @@
 from __future__ import annotations
 
 import math
+import re
 from functools import cache
 from importlib import resources
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from . import ast
 from .errors import (
     BadCharacter,
     BadNumber,
+    DefaultOnInput,
     EmptySpec,
+    IncompleteExpression,
     Loc,
+    MissingColon,
     MissingEnd,
+    MissingEquals,
+    MissingName,
+    MissingOption,
+    MissingRecurrence,
     SpecError,
+    StatementNotAtLineStart,
     SyntaxErrorInSpec,
+    TextAfterEnd,
     TooDeep,
     UnclosedBracket,
     UnknownStatement,
     UnmatchedBracket,
     did_you_mean,
+    source_lines,
 )
 
 STATEMENT_WORDS = (
     "input", "param", "let", "decay", "gain", "precond", "solve", "read", "route", "normalize", "scale", "end",
 )
 MAX_DEPTH = 60
-ALLOWED_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-*/()=,:.<> \t\r\n\f\\")
+# Outside comments; a `\r` may only end a line (source_lines drops it there).
+ALLOWED_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-*/()=,:.<> \t\f\\")
 
 
 @cache
@@ -51,24 +63,29 @@ def _tree_loc(tree: Tree) -> Loc:
 
 
 # --- pre-scan: errors that read better from the raw text than from the parser ----------------------
+_CONTINUED = re.compile(r"\\[\t \f]*$")  # the grammar's line continuation: `\` at the end of a line
+
+
 def _prescan(text: str) -> None:
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    open_parens: list[tuple[int, int]] = []  # (line, col); carried across continued lines only
+    for lineno, line in enumerate(source_lines(text), start=1):
         code = line.split("#", 1)[0]
         for col, ch in enumerate(code, start=1):
             if ch not in ALLOWED_CHARS:
                 raise BadCharacter(Loc.point(lineno, col), char=ch)
-        stack: list[int] = []
         for col, ch in enumerate(code, start=1):
             if ch == "(":
-                stack.append(col)
-                if len(stack) > MAX_DEPTH:
-                    raise TooDeep(Loc.point(lineno, col), depth=len(stack))
+                open_parens.append((lineno, col))
+                if len(open_parens) > MAX_DEPTH:
+                    raise TooDeep(Loc.point(lineno, col), limit=MAX_DEPTH)
             elif ch == ")":
-                if not stack:
+                if not open_parens:
                     raise UnmatchedBracket(Loc.point(lineno, col))
-                stack.pop()
-        if stack and not code.rstrip().endswith("\\"):
-            raise UnclosedBracket(Loc.point(lineno, stack[-1]))
+                open_parens.pop()
+        if open_parens and not _CONTINUED.search(line):
+            raise UnclosedBracket(Loc.point(*open_parens[-1]))
+    if open_parens:
+        raise UnclosedBracket(Loc.point(*open_parens[-1]))
 
 
 def _readable(term: str) -> str:
@@ -81,52 +98,112 @@ def _readable(term: str) -> str:
     return term
 
 
+def _code(line: str) -> str:
+    """A source line without its comment."""
+    return line.split("#", 1)[0]
+
+
 def _first_word_col(text: str, line: int) -> int:
-    lines = text.splitlines()
+    lines = source_lines(text)
     if 1 <= line <= len(lines):
         src = lines[line - 1]
-        return len(src) - len(src.lstrip()) + 1
+        return len(src) - len(src.lstrip(" \t\f")) + 1
     return 1
 
 
+def _first_code_line(lines: list[str]) -> int:
+    for i, line in enumerate(lines, start=1):
+        if _code(line).strip():
+            return i
+    return 1
+
+
+def _end_loc(lines: list[str]) -> Loc:
+    """Just after the last statement: where the missing `end` belongs."""
+    for i in range(len(lines), 0, -1):
+        code = _code(lines[i - 1]).rstrip()
+        if code.strip():
+            return Loc.point(i, len(code) + 1)
+    return Loc.point(1, 1)
+
+
+_SLOT_EXAMPLES = {
+    "decay": "decay scalar(g)",
+    "gain": "gain beta",
+    "precond": "precond diag(k * k, decay = gP, gain = betaP) -> exp(-log(1.5) * softsign(log(A + 1e-6) - mu)) on write_key",
+    "solve": "solve delta",
+    "read": "read curvature(lam, centered)",
+    "route": "route value",
+    "normalize": "normalize q, k",
+    "scale": "scale 0.125",
+}
+_TRAILING_OPS = ("->", "**", "+", "-", "*", "/", "(", "=", ",")
+
+
 def _convert(err: UnexpectedInput, text: str) -> SpecError:
-    if isinstance(err, UnexpectedEOF):
-        return MissingEnd(Loc.point(max(1, text.count("\n")), 1), name="?")
+    lines = source_lines(text)
+    name = _spec_name(text)
+    if (isinstance(err, UnexpectedEOF) or err.line is None or err.line < 1 or err.line > len(lines)
+            or (isinstance(err, UnexpectedToken) and err.token.type == "$END")):
+        return MissingEnd(_end_loc(lines), name=name)
     line, col = err.line, err.column
-    if line is None or line < 1:
-        lines = text.splitlines() or [""]
-        return MissingEnd(Loc.point(len(lines), 1), name="?")
-    if isinstance(err, UnexpectedToken) and err.token.type == "$END":
-        n = len(text.rstrip("\n").splitlines()) or 1
-        return MissingEnd(Loc.point(n, 1), name=_spec_name(text))
-    src_line = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+    src_line = lines[line - 1]
     word = ""
-    rest = src_line[col - 1:]
-    for ch in rest:
+    for ch in src_line[col - 1:]:
         if ch.isalnum() or ch == "_":
             word += ch
         else:
             break
+    found_text = word or src_line[col - 1: col] or "end of line"
     at_start = col == _first_word_col(text, line)
+    tok = err.token if isinstance(err, UnexpectedToken) else None
+    expected = set(err.expected) if isinstance(err, UnexpectedToken) else set(getattr(err, "allowed", None) or ())
+    before = _code(src_line[: col - 1]).rstrip()
+    words_before = before.split()
+
+    if line == _first_code_line(lines) and at_start and word != "recurrence":
+        close = did_you_mean(word, ("recurrence",)) if word else ""
+        return MissingRecurrence(Loc.point(line, col, len(word)), hint=close or None, word=found_text)
+    if words_before == ["recurrence"] and "NAME" in expected:
+        return MissingName(Loc.point(line, before.index("recurrence") + 1, len("recurrence")))
+    if tok is not None and tok.type != "_NL" and "$END" in expected and expected <= {"$END", "_NL"}:
+        return TextAfterEnd(_tok_loc(tok), word=str(tok), name=name)
     if at_start and word and word not in STATEMENT_WORDS and (word[0].isalpha() or word[0] == "_"):
         return UnknownStatement(
             Loc.point(line, col, len(word)), hint=did_you_mean(word, STATEMENT_WORDS) or None, word=word
         )
-    if isinstance(err, UnexpectedToken):
-        tok = err.token
+    if tok is not None and not at_start and str(tok) in STATEMENT_WORDS and tok.type == str(tok).upper():
+        return StatementNotAtLineStart(_tok_loc(tok), word=str(tok))
+    if tok is not None and tok.type == "NAME" and "COLON" in expected and words_before[:1] in (["input"], ["param"]):
+        names = " ".join(words_before[1:])
+        return MissingColon(_tok_loc(tok), word=str(tok), keyword=words_before[0], names=names)
+    if tok is not None and expected == {"EQUAL"} and words_before[:1] == ["let"] and len(words_before) == 2:
+        return MissingEquals(_tok_loc(tok), name=words_before[1])
+    readable = ", ".join(sorted({_readable(t) for t in expected})[:8])
+    if tok is not None and tok.type == "NAME" and words_before[-1:] == ["on"] and before[:-2].rstrip().endswith("->"):
+        # `-> on write_key`: the map is missing, so `on` was read as the map
+        arrow = before[:-2].rstrip()
+        return IncompleteExpression(Loc.point(line, len(arrow) - 1, 2), after="->",
+                                    expected="the map from the statistic A, e.g. `-> exp(-log(1.5) * softsign(log(A + 1e-6)))`")
+    if tok is not None and tok.type == "_NL" and "NUMBER" in expected:
+        if len(words_before) == 1 and words_before[0] in _SLOT_EXAMPLES:
+            first = _first_word_col(text, line)
+            return MissingOption(Loc.point(line, first, len(words_before[0])), slot=words_before[0],
+                                 example=_SLOT_EXAMPLES[words_before[0]])
+        for op in _TRAILING_OPS:
+            if before.endswith(op):
+                return IncompleteExpression(Loc.point(line, len(before) - len(op) + 1, len(op)), after=op,
+                                            expected=readable)
+    if tok is not None:
         found = "end of line" if tok.type == "_NL" else f"`{tok}`"
-        expected = sorted({_readable(t) for t in err.expected if not t.startswith("__ANON") or True})
         loc = _tok_loc(tok) if tok.type != "_NL" else Loc.point(line, col)
-        return SyntaxErrorInSpec(loc, found=found, expected=", ".join(expected[:8]))
-    assert isinstance(err, UnexpectedCharacters)
-    expected = sorted({_readable(t) for t in (err.allowed or set())})
-    found = f"`{word}`" if word else f"`{src_line[col - 1: col]}`"
-    return SyntaxErrorInSpec(Loc.point(line, col, max(1, len(word))), found=found, expected=", ".join(expected[:8]))
+        return SyntaxErrorInSpec(loc, found=found, expected=readable)
+    return SyntaxErrorInSpec(Loc.point(line, col, max(1, len(word))), found=f"`{found_text}`", expected=readable)
 
 
 def _spec_name(text: str) -> str:
-    for line in text.splitlines():
-        parts = line.split("#", 1)[0].split()
+    for line in source_lines(text):
+        parts = _code(line).split()
         if len(parts) >= 2 and parts[0] == "recurrence":
             return parts[1]
     return "?"
@@ -138,7 +215,7 @@ def _check_depth(tree: Tree) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise TooDeep(_tree_loc(node), depth=depth)
+            raise TooDeep(_tree_loc(node), limit=MAX_DEPTH)
         for child in node.children:
             if isinstance(child, Tree):
                 stack.append((child, depth + 1))
@@ -186,7 +263,9 @@ def _names(node: Tree) -> tuple[ast.Var, ...]:
 def _statement(node: Tree) -> ast.Statement:
     loc = _tree_loc(node)
     if node.data == "input_decl":
-        names, *descs = node.children
+        names, *descs, default = node.children
+        if default is not None:
+            raise DefaultOnInput(_tree_loc(default) if isinstance(default, Tree) else _tok_loc(default))
         return ast.InputDecl(_names(names), tuple(ast.Var(str(d.children[0]), _tok_loc(d.children[0])) for d in descs), loc)
     if node.data == "param_decl":
         names, *rest = node.children
@@ -225,7 +304,7 @@ def parse(text: str, filename: str = "<spec>") -> ast.Spec:
 
 def _parse(text: str, filename: str) -> ast.Spec:
     if not text.split("#")[0].strip() and not any(
-        line.split("#", 1)[0].strip() for line in text.splitlines()
+        line.split("#", 1)[0].strip() for line in source_lines(text)
     ):
         raise EmptySpec(Loc.point(1, 1))
     _prescan(text)
