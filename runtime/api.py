@@ -97,7 +97,7 @@ def load(spec: str | Path, filename: str | None = None) -> Recurrence:
     """Load a spec from a path or from spec text; raises dgps.SpecError (located) on a bad spec."""
     if isinstance(spec, Path) or ("\n" not in spec and spec.endswith(".dgps")):
         path = Path(spec)
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")  # no newline translation: columns match the file
         filename = filename or str(spec)
     else:
         text = str(spec)
