@@ -1,0 +1,422 @@
+"""IR -> the recurrent Triton kernel: the canonical recurrence token by token, the state in registers.
+
+One kernel per spec, rendered from templates/recurrent.jinja. It is the decode kernel (a few tokens,
+the states updated in place) for every spec, and the forward pass for specs whose chunk form is not
+emitted (the exact preconditioner, untied DPLR).
+
+One program per (sequence n, value head hv, BV-block of dv). It holds the state tile h = Sᵀ
+[BK = next_pow2(dk), BV] in fp32 registers, plus whatever statistics the spec carries: the diagonal
+preconditioner's A [BK], the exact preconditioner's P [BK, BK], the curvature read's C [BK, BK],
+m [BK] and count n. Every program recomputes its key head's statistics redundantly (no cross-program
+traffic); only one program per statistic stores the final value. Vector statistics are cheap next to
+h; the dk x dk ones cost a full-width state tile each, so those kernels launch wide dv blocks.
+
+Decode (inplace=True) writes the final states into the initial state tensors. S is never copied: each
+program reads and writes only its own tile. A shared statistic is read by several programs and written
+by one, so in that mode the statistics (A, P, C, m, n; small next to S unless dk x dk) are read from a
+snapshot taken before the launch.
+
+Under TRITON_INTERPRET=1 the loop bound must be a Python int (Triton's interpreter turns every scalar
+argument into a tensor), so the wrapper passes it as the constexpr T_STATIC; compiled, T_STATIC = 0.
+
+The generated module carries its own IR (rebuilt from `sympy.srepr` text), so it checks its inputs
+with the same rules as the reference and needs no spec at import time.
+
+    render_recurrent(ir) -> str      the module's source (deterministic: same IR, same bytes)
+    load_recurrent(ir)   -> module   the module, written to the cache directory and imported
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import jinja2
+import sympy as sp
+
+from ..compiler import exprs as _exprs
+from ..compiler import ir as _irmod
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
+from .triton_expr import triton_expr
+
+# Square statistics (P, C) live in registers as [BK, BK] fp32 tiles: fine up to dk = 128.
+MAX_DK_MATRIX_STATE = 128
+# The state tile h [BK, BV] in registers: FLA's fused recurrent kernels stop at 256 too.
+MAX_DK = 256
+
+
+class RecurrentCodegenError(NotImplementedError):
+    """The IR uses something the recurrent kernel generator does not handle."""
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader(__package__, "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+# --- the IR as Python source ----------------------------------------------------------------------
+_IR_CLASSES = {c.__name__ for c in (_irmod.IR, _irmod.TensorDecl, _irmod.Decay, _irmod.DiagPrecond, _irmod.Precond,
+                                    _irmod.Solve, _irmod.ReadCorrection)}
+_CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
+
+
+def _qualify_srepr(text: str) -> str:
+    """Prefix the constructors in a srepr string with their module: dgps' functions or sympy."""
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if isinstance(getattr(_exprs, name, None), type) and issubclass(getattr(_exprs, name), sp.Function):
+            return f"_fx.{name}("
+        if not hasattr(sp, name):
+            raise RecurrentCodegenError(f"cannot serialise sympy node {name!r}")
+        return f"_sp.{name}("
+    return _CALL.sub(sub, text)
+
+
+def _py(value: object, indent: int = 0) -> str:
+    """Python source that rebuilds `value` (an IR dataclass, tuple, sympy expression or literal)."""
+    flat = _py_flat(value)
+    if indent + len(flat) <= 120 or not (isinstance(value, tuple) or dataclasses.is_dataclass(value)):
+        return flat
+    pad = " " * (indent + 4)
+    if isinstance(value, tuple):
+        items = [f"{pad}{_py(v, indent + 4)}," for v in value]
+        return "(\n" + "\n".join(items) + "\n" + " " * indent + ")"
+    parts = [f"{pad}{f.name}={_py(getattr(value, f.name), indent + 4)},"
+             for f in dataclasses.fields(value) if f.name != "structure"]  # type: ignore[arg-type]
+    return f"_ir.{type(value).__name__}(\n" + "\n".join(parts) + "\n" + " " * indent + ")"
+
+
+def _py_flat(value: object) -> str:
+    if dataclasses.is_dataclass(value) and type(value).__name__ in _IR_CLASSES:
+        args = ", ".join(f"{f.name}={_py_flat(getattr(value, f.name))}"
+                         for f in dataclasses.fields(value) if f.name != "structure")  # type: ignore[arg-type]
+        return f"_ir.{type(value).__name__}({args})"
+    if isinstance(value, tuple):
+        inner = ", ".join(_py_flat(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, sp.Basic):
+        return _qualify_srepr(sp.srepr(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    raise RecurrentCodegenError(f"cannot serialise {type(value).__name__} in the IR")
+
+
+# --- kernel context ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Load:
+    """One input (per token) or param (per head) as the kernel loads it."""
+
+    name: str  # spec name
+    arg: str  # kernel argument
+    reg: str  # register
+    shape: str  # s (scalar) | k (key vector [BK]) | v (value vector [BV])
+    heads: str  # i_h | i_hv
+    nheads: str  # H | HV
+    is_param: bool
+
+    def address(self) -> str:
+        if self.is_param:
+            row = self.heads
+        else:
+            row = f"t * {self.nheads} + {self.heads}"
+        if self.shape == "k":
+            return f"{self.arg} + ({row}) * DK + o_k"
+        if self.shape == "v":
+            return f"{self.arg} + ({row}) * DV + o_v"
+        return f"{self.arg} + {row}"
+
+    def load(self) -> str:
+        mask = {"k": ", mask=m_k, other=0.0", "v": ", mask=m_v, other=0.0", "s": ""}[self.shape]
+        return f"{self.reg} = tl.load({self.address()}{mask}).to(tl.float32)"
+
+
+class _Builder:
+    """Turns IR expressions into register assignments, tracking shapes and loop invariance."""
+
+    def __init__(self, ir: IR) -> None:
+        self.ir = ir
+        self.names: dict[str, str] = {d.name: f"b_{d.name}" for d in ir.inputs}
+        self.names[KTILDE.name] = "d_kt"
+        self.names[STAT.name] = "st_A"
+        self.names[HEAD_INDEX.name] = "f_hv"
+        self.shapes: dict[str, str] = {}
+        for d in ir.inputs:
+            self.shapes[d.name] = {"key": "k", "value": "v"}.get(d.vector or "", "s")
+        self.shapes[KTILDE.name] = "k"
+        self.shapes[STAT.name] = "k"
+        self.shapes[HEAD_INDEX.name] = "s"
+        self.per_token = {d.name for d in ir.inputs if not d.is_param} | {KTILDE.name, STAT.name}
+        # registers whose padded key lanes (dk < BK) are exactly 0: masked loads, k̃ and A
+        self.zero_padded = {d.name for d in ir.inputs} | {KTILDE.name, STAT.name}
+        self.used: set[str] = set()
+
+    def shape(self, expr: sp.Expr) -> str:
+        found = {self.shapes[s.name] for s in expr.free_symbols} - {"s"}
+        if len(found) > 1:
+            raise RecurrentCodegenError(
+                f"{self.ir.name}: expression `{expr}` mixes key-channel and value-channel vectors")
+        return found.pop() if found else "s"
+
+    def invariant(self, expr: sp.Expr) -> bool:
+        return not ({s.name for s in expr.free_symbols} & self.per_token)
+
+    def code(self, expr: sp.Expr, want: str | None = None) -> str:
+        """Triton source for `expr`; want='k'/'v' broadcasts a scalar to a vector (key vectors are masked)."""
+        self.used |= {s.name for s in expr.free_symbols}
+        have = self.shape(expr)
+        text = triton_expr(expr, self.names)
+        if want is None or want == have:
+            pass
+        elif have == "s":
+            blk = "BK" if want == "k" else "BV"
+            text = f"tl.full([{blk}], {text}, tl.float32)" if expr.is_Number else \
+                f"(tl.zeros([{blk}], dtype=tl.float32) + {text})"
+        else:
+            raise RecurrentCodegenError(
+                f"{self.ir.name}: `{expr}` is a {'key' if have == 'k' else 'value'}-channel vector where a "
+                f"{'key' if want == 'k' else 'value'}-channel one is needed")
+        if want == "k" and not expr.is_Number and not (expr.is_Symbol and expr.name in self.zero_padded):
+            # padded key lanes (dk < BK) must stay exactly 0: they are summed over
+            text = f"tl.where(m_k, {text}, 0.0)"
+        return text
+
+
+def _check(ir: IR) -> None:
+    if ir.decay.kind not in ("none", "scalar", "vector", "const"):
+        raise RecurrentCodegenError(f"{ir.name}: decay kind {ir.decay.kind!r}")
+    if ir.precond.kind not in ("none", "diag", "exact"):
+        raise RecurrentCodegenError(f"{ir.name}: preconditioner kind {ir.precond.kind!r}")
+    if ir.precond.kind != "none" and ir.precond.placement not in ("write_key", "query"):
+        raise RecurrentCodegenError(f"{ir.name}: preconditioner placement {ir.precond.placement!r}")
+    if ir.solve.kind not in ("additive", "delta", "dplr"):
+        raise RecurrentCodegenError(f"{ir.name}: solve family {ir.solve.kind!r}")
+    if ir.solve.erase_reads not in ("decayed", "undecayed"):
+        raise RecurrentCodegenError(f"{ir.name}: erase reads {ir.solve.erase_reads!r}")
+    if ir.read.kind not in ("none", "curvature"):
+        raise RecurrentCodegenError(f"{ir.name}: read correction {ir.read.kind!r}")
+    if ir.route not in ("none", "value", "residual"):
+        raise RecurrentCodegenError(f"{ir.name}: route {ir.route!r}")
+    if ir.route == "residual" and ir.solve.erase_key is None:
+        raise RecurrentCodegenError(f"{ir.name}: a residual route needs an erase key (delta family)")
+    if not ir.name.isidentifier():
+        raise RecurrentCodegenError(f"{ir.name!r} is not a Python identifier")
+
+
+def _context(ir: IR) -> dict[str, object]:
+    _check(ir)
+    b = _Builder(ir)
+    e, f, vp, w = ir.solve.canonical()
+    s = ir.structure if ir.structure is not None else _irmod.analyse(ir)
+    ctx: dict[str, object] = {
+        "name": ir.name,
+        "kernel": f"{ir.name}_recurrent_fwd_kernel",
+        "ir_source": _py(ir),
+        "ir_text": _irmod.format_ir(dataclasses.replace(ir, structure=s)),
+        "state_names": list(ir.state_names),
+        "normalize": list(ir.normalize),
+        "norm_eps": repr(float(ir.norm_eps)),
+        "route": ir.route,
+        "MAX_DK": MAX_DK,
+        "MAX_DK_MATRIX_STATE": MAX_DK_MATRIX_STATE,
+    }
+
+    hoisted: list[tuple[str, str]] = []  # (register, code), computed once per program, before the loop
+    temps: set[str] = set()  # common-subexpression temporaries (their padded key lanes are not masked)
+
+    def assign(reg: str, expr: sp.Expr, want: str | None, where: list[tuple[str, str]]) -> str:
+        """`reg = expr` in `where` (a per-token block), or hoisted when no per-token value is read.
+
+        Returns the register that holds the value: a bare input symbol is used where it lives."""
+        if expr.is_Symbol and expr.name != STAT.name and want in (None, b.shapes[expr.name]) \
+                and (expr.name in b.zero_padded or (expr.name in temps and want != "k")):
+            b.used.add(expr.name)
+            return b.names[expr.name]
+        (hoisted if b.invariant(expr) else where).append((reg, b.code(expr, want)))
+        return reg
+
+    # decay: h ← α h, α = exp(log D) (sympy folds exp(log(γ)) back to γ for const decays)
+    decay: dict[str, object] = {"kind": ir.decay.kind}
+    if ir.decay.kind != "none":
+        assert ir.decay.log_gate is not None
+        alpha = sp.exp(ir.decay.log_gate)
+        vector = b.shape(alpha) == "k"
+        lines: list[tuple[str, str]] = []
+        reg = assign("d_alpha", alpha, "k" if vector else "s", lines)
+        decay.update(vector=vector, lines=lines, alpha=reg)
+    ctx["decay"] = decay
+
+    # preconditioner
+    pre: dict[str, object] = {"kind": ir.precond.kind, "placement": ir.precond.placement}
+    if ir.precond.kind == "diag":
+        d = ir.precond.diag
+        assert d is not None
+        lines = []
+        pdecay = None
+        if d.decay is not None:
+            pdecay = assign("d_pdecay", sp.exp(d.decay), "k" if b.shape(d.decay) == "k" else "s", lines)
+        inc = d.stat * d.gain if d.gain is not None else d.stat
+        pinc = assign("d_pinc", inc, "k", lines)
+        pre.update(
+            a_update=f"{pdecay} * st_A + {pinc}" if pdecay else f"st_A + {pinc}",
+            inc_lines=lines,
+            map_line=("d_pscale", b.code(d.map, "k")),
+            heads="i_h" if d.heads == "key" else "i_hv",
+            nheads="H" if d.heads == "key" else "HV",
+            per_key_head=d.heads == "key",
+        )
+    elif ir.precond.kind == "exact":
+        assert ir.precond.lam is not None
+        pre.update(inv_lam=repr(1.0 / float(ir.precond.lam)))
+        b.used |= {"k"}
+    ctx["precond"] = pre
+
+    # solve: S_t = S̄ + (X e) fᵀ + v' wᵀ; in h = Sᵀ layout  h += f ⊗ (eᵀ X) + w ⊗ v'
+    solve: dict[str, object] = {"spelled": ir.solve.spelled, "family": ir.solve.kind,
+                                "erase_reads": ir.solve.erase_reads}
+    beta = ir.solve.beta
+    if s.additive:
+        mode = "additive"
+    elif ir.solve.kind == "delta" and b.shape(beta) != "k":
+        # e = −β·ê: one reduction S̄ê serves the erase (and the residual route): u = v' − β S̄ê
+        mode = "delta"
+    else:
+        mode = "general"
+    solve["mode"] = mode
+    solve["tied"] = bool(s.tied)
+    wanted: list[tuple[str, sp.Expr, str | None]] = []  # (role, expression, shape)
+    if mode == "delta":
+        assert ir.solve.erase_key is not None
+        wanted.append(("ek", ir.solve.erase_key, "k"))
+        if beta != 1:
+            wanted.append(("beta", beta, None))
+    elif mode == "general":
+        wanted.append(("e", e, "k"))
+        if not s.tied:
+            wanted.append(("f", f, "k"))
+    wanted += [("vp", vp, "v"), ("w", w, "k")]
+    if ir.route != "none":
+        wanted.append(("z", ir.solve.target, "v"))
+    if ir.route == "residual" and mode != "delta":
+        assert ir.solve.erase_key is not None
+        wanted.append(("ek", ir.solve.erase_key, "k"))
+    gates: list[tuple[str, str]] = []
+    # common subexpressions of the per-token gate values become temporaries t_0, t_1, ...
+    token_idx = [i for i, (_, ex, _) in enumerate(wanted) if not b.invariant(ex) and not ex.is_Symbol]
+    if len(token_idx) > 1:
+        replacements, reduced = sp.cse([wanted[i][1] for i in token_idx],
+                                       symbols=sp.numbered_symbols("__cse", real=True), order="canonical")
+        for sym, sub in replacements:
+            b.names[sym.name] = f"t_{sym.name[5:]}"
+            b.shapes[sym.name] = b.shape(sub)
+            temps.add(sym.name)
+            if not b.invariant(sub):
+                b.per_token.add(sym.name)
+            (hoisted if b.invariant(sub) else gates).append((b.names[sym.name], b.code(sub)))
+        for i, ex in zip(token_idx, reduced, strict=True):
+            wanted[i] = (wanted[i][0], ex, wanted[i][2])
+    regs = {role: assign(f"d_{role}", ex, want, gates) for role, ex, want in wanted}
+    solve["gates"] = gates
+    solve["r"] = regs
+    solve["beta"] = regs.get("beta")
+    ctx["solve"] = solve
+
+    # read correction
+    read: dict[str, object] = {"kind": ir.read.kind, "centered": ir.read.centered}
+    query_corrected = ir.read.kind == "curvature" or (ir.precond.kind != "none" and ir.precond.placement == "query")
+    read["qp"] = "d_qp" if query_corrected else "b_q"
+    if ir.read.kind == "curvature":
+        assert ir.read.lam is not None
+        if b.shape(ir.read.lam) == "v":
+            raise RecurrentCodegenError(f"{ir.name}: the curvature gate must be per token or per key channel")
+        lines = []
+        read["lam"] = assign("d_lam", ir.read.lam, None, lines)
+        read["lam_lines"] = lines
+        b.used |= {"k"}
+    ctx["read"] = read
+
+    b.used |= {"q"}
+    if ir.route == "residual":
+        b.used |= {s.name for s in ir.solve.erase_key.free_symbols}  # type: ignore[union-attr]
+    loads = []
+    for dcl in ir.inputs:
+        if dcl.name not in b.used:
+            continue
+        loads.append(_Load(
+            name=dcl.name, arg=f"in_{dcl.name}", reg=f"b_{dcl.name}", shape=b.shapes[dcl.name],
+            heads="i_h" if dcl.heads == "key" else "i_hv", nheads="H" if dcl.heads == "key" else "HV",
+            is_param=dcl.is_param,
+        ))
+    ctx["args"] = [f"in_{d.name}" for d in ir.inputs]
+    ctx["input_names_repr"] = repr(tuple(d.name for d in ir.inputs))
+    ctx["state_names_repr"] = repr(tuple(ir.state_names))
+    ctx["route_repr"] = repr(ir.route)
+    ctx["param_loads"] = [ld.load() for ld in loads if ld.is_param]
+    ctx["token_loads"] = [ld.load() for ld in loads if not ld.is_param]
+    ctx["uses_head_index"] = HEAD_INDEX.name in b.used
+    ctx["hoisted"] = hoisted
+    if ir.precond.kind == "exact" or ir.read.kind == "curvature":  # dk x dk statistics: few, wide programs
+        ctx["block_v"], ctx["num_warps"] = 32, 8
+    elif ir.decay.kind == "vector" or ir.precond.kind == "diag" or any(ld.shape == "k" for ld in loads
+                                                                        if ld.name not in ("q", "k")):
+        ctx["block_v"], ctx["num_warps"] = 32, 4  # FLA's KDA
+    else:
+        ctx["block_v"], ctx["num_warps"] = 8, 1  # FLA's gated delta rule
+    return ctx
+
+
+def render_recurrent(ir: IR) -> str:
+    """The full source of the recurrent module for `ir` (deterministic)."""
+    return _env().get_template("recurrent.jinja").render(**_context(ir))
+
+
+# --- loading ---------------------------------------------------------------------------------------
+_LOADED: dict[str, ModuleType] = {}
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("DGPS_CACHE_DIR")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dgps"
+    return base / "recurrent"
+
+
+def load_recurrent(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
+    """Render, write (Triton's JIT reads kernel source from real files) and import the module for `ir`."""
+    source = render_recurrent(ir)
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    mod_name = f"dgps_recurrent_{ir.name}_{key}"
+    if mod_name in _LOADED:
+        return _LOADED[mod_name]
+    root = Path(cache_dir) if cache_dir is not None else _cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{mod_name}.py"
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(prefix=f".{mod_name}_", suffix=".py", dir=root)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    _LOADED[mod_name] = module
+    return module
+
