@@ -12,13 +12,14 @@ from pathlib import Path
 import networkx as nx
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dgps.compiler.interpret import decayed_scores, run_plan
 from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
 from dgps.runtime.reference import reference, state_shapes
 from dgps.runtime.tensors import Dims
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
 SPECS = sorted(p.stem.removesuffix(".dgps") for p in SPEC_DIR.glob("*.dgps"))
