@@ -3,8 +3,8 @@
 The package's own host code is run on small CPU tensors with Triton's launcher replaced by a
 recorder: each launch's bound arguments give the exact signature and constexprs the kernel would be
 specialised on (autotuned kernels: every config). Each is then compiled with
-`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`, and ptxas (shipped with triton)
-reports registers, spills and shared memory of the cubin.
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`, and cuobjdump (shipped with triton)
+reports registers and local memory (spills) of the cubin, the compile metadata its shared memory.
 """
 
 from __future__ import annotations
@@ -73,19 +73,23 @@ def _recording(calls: list) -> Iterator[None]:
         JITFunction.run, Autotuner.run = old_run, old_tune  # type: ignore[method-assign]
 
 
-def _ptxas_stats(ptx: str, arch: str = "sm_90a") -> tuple[int, int]:
-    from triton.backends.nvidia.compiler import get_ptxas
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, local-memory bytes per thread) of a cubin, read by the cuobjdump shipped with triton.
 
-    ptxas = get_ptxas(90).path
+    Local memory in a Triton kernel is register spill (it allocates no stack arrays), so LOCAL > 0
+    means spills. Reading the cubin avoids running ptxas a second time.
+    """
+    import triton
+
+    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.ptx"
-        src.write_text(ptx)
-        out = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(d) / "k.cubin")],
-                             capture_output=True, text=True, check=True)
-    text = out.stdout + out.stderr
-    regs = max((int(x) for x in re.findall(r"Used (\d+) registers", text)), default=0)
-    spills = sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text))
-    return regs, spills
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([str(exe), "--dump-resource-usage", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    regs = max((int(x) for x in re.findall(r"REG:(\d+)", out)), default=0)
+    local = max((int(x) for x in re.findall(r"LOCAL:(\d+)", out)), default=0)
+    return regs, local
 
 
 def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noqa: ANN001
@@ -102,7 +106,7 @@ def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noq
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     src = ASTSource(fn, signature, constexprs, attrs)
     compiled = triton.compile(src, target=target, options=options.__dict__)
-    regs, spills = _ptxas_stats(compiled.asm["ptx"])
+    regs, spills = _resource_usage(compiled.asm["cubin"])
     config = f"warps={options.num_warps} stages={options.num_stages}"
     return regs, spills, int(compiled.metadata.shared), config
 
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_report(reports: list[KernelReport]) -> str:
-    lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'spill B':>8} "
+    lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'local B':>8} "
              f"{'shared B':>9}  result"]
     for r in reports:
         lines.append(f"{r.module:<10} {r.kernel:<34} {r.dk:>5} {r.config:<18} {r.registers:>5} {r.spill_bytes:>8} "
