@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cache
+from pathlib import Path
 
 import jinja2
 import triton
@@ -41,9 +42,23 @@ def spec_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
+@cache
+def _compiler_fingerprint() -> str:
+    """A hash of dgps's own source (dsl, compiler, codegen and templates): an edited compiler never
+    reuses packages rendered by the old one."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for folder in ("dsl", "compiler", "codegen", "runtime"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".jinja", ".lark") and "__pycache__" not in path.parts:
+                h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def cache_key(source: str) -> str:
-    """What a compiled package depends on: the spec text and the versions of dgps and triton."""
-    return hashlib.sha256(f"{source}\0{DGPS_VERSION}\0{triton.__version__}".encode()).hexdigest()[:16]
+    """What a compiled package depends on: the spec text, the compiler's source and triton's version."""
+    key = f"{source}\0{DGPS_VERSION}\0{_compiler_fingerprint()}\0{triton.__version__}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str, str]:
