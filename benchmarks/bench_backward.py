@@ -79,6 +79,7 @@ def main() -> int:
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--segment", type=int, default=256)
     p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--no-fla", action="store_true")
     p.add_argument("--no-bypass-fla-guard", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -87,7 +88,7 @@ def main() -> int:
         import fla.ops.common.chunk_o as fla_chunk_o
 
         fla_chunk_o.IS_NVIDIA_HOPPER = False  # lifts the #640 guard; numbers taken this way are marked
-    fla_fns = {**fla_ops(), **fla_extra_ops()}
+    fla_fns = {} if args.no_fla else {**fla_ops(), **fla_extra_ops()}
     env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__, "shape": f"B={B} T={T} H={H} dk=dv={D} bf16",
            "fla_guard_bypassed": not args.no_bypass_fla_guard}

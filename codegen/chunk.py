@@ -113,6 +113,13 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
             exprs.append(s.erase_key)
         if ir.decay.log_gate is not None:
             exprs.append(ir.decay.log_gate)
+        if ir.precond.diag is not None:
+            d = ir.precond.diag
+            exprs += [x for x in (d.stat, d.decay, d.gain, d.map) if x is not None]
+        if ir.read.lam is not None:
+            if _side(ir, ir.read.lam) is not None:
+                return False, "curvature λ per channel is not generated"
+            exprs.append(ir.read.lam)
         for ex in exprs:
             triton_expr(ex, _AnyName())
     except (ValueError, NotImplementedError, KeyError) as exc:
@@ -188,8 +195,8 @@ class _Emitter:
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
         text = triton_expr(expr, names)
-        if log2:
-            text = f"({text}) * {RCP_LN2!r}"
+        if log2:  # log-gate in log2 units; per-token floor of -64 (a factor 2^-64, i.e. 0 to fp32 precision): -inf stays finite
+            text = f"tl.maximum(({text}) * {RCP_LN2!r}, -64.0)"
         if side is None:
             shape, m = f"[{R}]", mask
         elif side == "key":
@@ -316,26 +323,28 @@ def load_chunk(ir: IR):
 # --------------------------------------------------------------------------------------------------
 # Ahead-of-time compilation for Hopper (no GPU needed)
 # --------------------------------------------------------------------------------------------------
-def _resource_usage(ptx: str, arch: int) -> dict[str, int]:
-    """Registers and spill bytes from `ptxas -v` on the kernel's PTX (needs no GPU)."""
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers and stack-frame bytes of the compiled kernel, from `cuobjdump --dump-resource-usage`.
+
+    Triton kernels use no local arrays, so the stack frame is spill space (checked against
+    `ptxas -v`'s "bytes spill stores" on these kernels). Needs no GPU.
+    """
     try:
         import triton.backends.nvidia as nv
 
-        exe = Path(nv.__file__).parent / "bin" / "ptxas"
+        exe = Path(nv.__file__).parent / "bin" / "cuobjdump"
         with tempfile.TemporaryDirectory() as tmpd:
-            p = Path(tmpd) / "k.ptx"
-            p.write_text(ptx)
-            err = subprocess.run([str(exe), f"-arch=sm_{arch}a", "-v", str(p), "-o", str(Path(tmpd) / "k.o")],
-                                 capture_output=True, text=True, timeout=600).stderr
+            p = Path(tmpd) / "k.cubin"
+            p.write_bytes(cubin)
+            out = subprocess.run([str(exe), "--dump-resource-usage", str(p)], capture_output=True, text=True,
+                                 timeout=120).stdout
     except Exception:  # noqa: BLE001 - the report is best effort
         return {}
     res = {}
-    m = re.search(r"Used (\d+) registers", err)
-    if m:
-        res["regs"] = int(m.group(1))
-    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", err)
-    if m:
-        res["spill_stores"], res["spill_loads"] = int(m.group(1)), int(m.group(2))
+    for key in ("REG", "STACK", "LOCAL"):
+        m = re.search(rf"\b{key}:(\d+)", out)
+        if m:
+            res[key] = int(m.group(1))
     return res
 
 
@@ -367,12 +376,12 @@ def _aot_jobs(jobs: list[dict]) -> list[dict]:
             src = triton.compiler.ASTSource(fn=fn, signature=entry["signature"], constexprs=entry["constexprs"])
             opts = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
             compiled = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32), options=opts)
-            usage = _resource_usage(compiled.asm["ptx"], job["arch"])
+            usage = _resource_usage(compiled.asm["cubin"])
             reports.append(dict(
                 spec=job["spec"], kernel=entry["name"], dk=job["dk"], dv=job["dv"], dtype=job["dtype"],
-                num_warps=opts["num_warps"], num_stages=opts["num_stages"], n_regs=usage.get("regs"),
-                n_spills=(usage["spill_stores"] // 4) if "spill_stores" in usage else None,
-                spill_bytes=usage.get("spill_stores"), shared=compiled.metadata.shared,
+                num_warps=opts["num_warps"], num_stages=opts["num_stages"], n_regs=usage.get("REG"),
+                n_spills=(usage["STACK"] // 4) if "STACK" in usage else None,
+                spill_bytes=usage.get("STACK"), shared=compiled.metadata.shared,
             ))
     return reports
 
@@ -411,7 +420,7 @@ def aot_compile_report(ir: IR, dk: int, dv: int, dtype: str = "bf16", arch: int 
     """Compile every kernel of the spec's chunk module for sm_`arch` (Hopper: 90) without a GPU.
 
     Returns one dict per kernel: spec, kernel, dk, dv, dtype, num_warps, num_stages, n_regs,
-    n_spills (spilled 4-byte words: ptxas spill-store bytes / 4), spill_bytes, shared (bytes).
+    n_spills (4-byte spill slots: stack-frame bytes / 4), spill_bytes, shared (bytes).
     Raises if a kernel fails to compile.
     """
     return aot_compile_many([(ir, dk, dv)], dtype=dtype, arch=arch)

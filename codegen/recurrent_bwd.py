@@ -261,7 +261,7 @@ def _context(ir: IR) -> dict[str, object]:
     # part's forward value reuse its register.
     reuse = {}
     for p in parts:
-        if not (p.expr.is_Symbol or p.expr.is_Number) and b.shape(p.expr) == p.use:
+        if p.name != "z" and not (p.expr.is_Symbol or p.expr.is_Number) and b.shape(p.expr) == p.use:
             reuse[p.expr] = sp.Symbol(f"v_{p.name}", real=True)
             b.names[f"v_{p.name}"] = f"v_{p.name}"
             b.shapes[f"v_{p.name}"] = p.use
@@ -271,8 +271,10 @@ def _context(ir: IR) -> dict[str, object]:
         for p in parts:
             dx = _diff(p.expr, name)
             if dx != 0:
-                derivs[(name, p.name)] = dx.xreplace(reuse)
-    dmap = _diff(ir.precond.diag.map, STAT.name).xreplace(reuse) if ir.precond.kind == "diag" else sp.Integer(0)
+                # one fraction: d/dx x (x² + ε)^(-1/2) is ε (x² + ε)^(-3/2), not a difference of two near-equal terms
+                derivs[(name, p.name)] = sp.together(dx).xreplace(reuse)
+    dmap = sp.together(_diff(ir.precond.diag.map, STAT.name)).xreplace(reuse) if ir.precond.kind == "diag" \
+        else sp.Integer(0)
     keys = list(derivs)
     temps, reduced = sp.cse([derivs[k] for k in keys] + [dmap], symbols=sp.numbered_symbols("cse_", real=True))
     cse_lines = []
@@ -288,7 +290,7 @@ def _context(ir: IR) -> dict[str, object]:
     def grad_terms(name: str, want: str) -> list[str]:
         terms = []
         for (x, pname), dx in derivs.items():
-            if x != name or (pname == "pmap" and name == STAT.name):
+            if x != name:
                 continue
             term = f"a_{pname}" if dx == 1 else f"{b.code(dx)} * a_{pname}"
             terms.append(_reduce(term, uses[pname], want))
