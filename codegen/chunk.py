@@ -28,10 +28,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -320,72 +318,6 @@ def load_chunk(ir: IR):
     return mod
 
 
-# --------------------------------------------------------------------------------------------------
-# Ahead-of-time compilation for Hopper (no GPU needed)
-# --------------------------------------------------------------------------------------------------
-def _resource_usage(cubin: bytes) -> dict[str, int]:
-    """Registers and stack-frame bytes of the compiled kernel, from `cuobjdump --dump-resource-usage`.
-
-    Triton kernels use no local arrays, so the stack frame is spill space (checked against
-    `ptxas -v`'s "bytes spill stores" on these kernels). Needs no GPU.
-    """
-    try:
-        import triton.backends.nvidia as nv
-
-        exe = Path(nv.__file__).parent / "bin" / "cuobjdump"
-        with tempfile.TemporaryDirectory() as tmpd:
-            p = Path(tmpd) / "k.cubin"
-            p.write_bytes(cubin)
-            out = subprocess.run([str(exe), "--dump-resource-usage", str(p)], capture_output=True, text=True,
-                                 timeout=120).stdout
-    except Exception:  # noqa: BLE001 - the report is best effort
-        return {}
-    res = {}
-    for key in ("REG", "STACK", "LOCAL"):
-        m = re.search(rf"\b{key}:(\d+)", out)
-        if m:
-            res[key] = int(m.group(1))
-    return res
-
-
-def _aot_module(path: str):
-    name = "dgps_chunk_aot_" + Path(path).stem
-    if name in _LOADED:
-        return _LOADED[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    _LOADED[name] = mod
-    return mod
-
-
-def _aot_jobs(jobs: list[dict]) -> list[dict]:
-    """Compile in this process (which must not be in interpreter mode). jobs: path, spec, dk, dv, dtype, arch."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    reports = []
-    for job in jobs:
-        mod = _aot_module(job["path"])
-        for entry in mod.aot_signatures(dk=job["dk"], dv=job["dv"], dtype=job["dtype"]):
-            fn = entry["kernel"]
-            while not hasattr(fn, "arg_names"):  # unwrap autotuners / heuristics
-                fn = fn.fn
-            src = triton.compiler.ASTSource(fn=fn, signature=entry["signature"], constexprs=entry["constexprs"])
-            opts = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
-            compiled = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32), options=opts)
-            usage = _resource_usage(compiled.asm["cubin"])
-            reports.append(dict(
-                spec=job["spec"], kernel=entry["name"], dk=job["dk"], dv=job["dv"], dtype=job["dtype"],
-                num_warps=opts["num_warps"], num_stages=opts["num_stages"], n_regs=usage.get("REG"),
-                n_spills=(usage["STACK"] // 4) if "STACK" in usage else None,
-                spill_bytes=usage.get("STACK"), shared=compiled.metadata.shared,
-            ))
-    return reports
-
-
 def write_chunk(ir: IR) -> Path:
     """Write the rendered module into the cache directory (if not there yet); returns its path."""
     src = render_chunk(ir)
@@ -399,28 +331,3 @@ def write_chunk(ir: IR) -> Path:
             f.write(src)
         os.replace(tmp, path)
     return path
-
-
-def aot_compile_many(items: list[tuple[IR, int, int]], dtype: str = "bf16", arch: int = 90) -> list[dict]:
-    """aot_compile_report for several (ir, dk, dv) at once (one subprocess under TRITON_INTERPRET=1)."""
-    jobs = [dict(path=str(write_chunk(ir)), spec=ir.name, dk=dk, dv=dv, dtype=dtype, arch=arch) for ir, dk, dv in items]
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return _aot_jobs(jobs)
-    # Triton's own language helpers are built for the interpreter in this process: compile elsewhere.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", "import json, sys; from dgps.codegen.chunk import _aot_jobs; "
-                           "print(json.dumps(_aot_jobs(json.loads(sys.stdin.read()))))"],
-                          input=json.dumps(jobs), capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ahead-of-time compilation failed:\n{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def aot_compile_report(ir: IR, dk: int, dv: int, dtype: str = "bf16", arch: int = 90) -> list[dict]:
-    """Compile every kernel of the spec's chunk module for sm_`arch` (Hopper: 90) without a GPU.
-
-    Returns one dict per kernel: spec, kernel, dk, dv, dtype, num_warps, num_stages, n_regs,
-    n_spills (4-byte spill slots: stack-frame bytes / 4), spill_bytes, shared (bytes).
-    Raises if a kernel fails to compile.
-    """
-    return aot_compile_many([(ir, dk, dv)], dtype=dtype, arch=arch)

@@ -72,6 +72,9 @@ INPUT_NAMES = ('q', 'k', 'v', 'g', 'beta')
 STATE_NAMES = ('S',)
 ROUTE = 'value'
 MAX_DK = 256
+# Launch defaults, after FLA's fused recurrent kernels: narrow dv blocks (many programs) for a plain state,
+# wider ones where every program recomputes a statistic or reloads per-channel gates.
+DEFAULT_BLOCK_V = 32
 NUM_WARPS = 4
 # Tests set this (or DGPS_DEBUG_NAN_FILL=1): output buffers start as NaN, so an unwritten element is caught.
 DEBUG_NAN_FILL = os.environ.get("DGPS_DEBUG_NAN_FILL") == "1"
@@ -127,9 +130,10 @@ def clvr_kda_recurrent_fwd_kernel(
         p_h0 = h0_S + (i_nh.to(tl.int64) * DK + o_k[:, None]) * DV + o_v[None, :]
         st_h += tl.load(p_h0, mask=m_h, other=0.0).to(tl.float32)
 
-    # T_STATIC > 0 only under Triton's interpreter, which needs a Python int loop bound
-    for i_t in range(0, T_STATIC if T_STATIC > 0 else T):
-        if i_t < T_n:  # varlen: T is the longest sequence
+    # T_STATIC > 0 only under Triton's interpreter, which needs a Python int loop bound: the longest
+    # sequence, with a guard; compiled, the loop runs T_n steps and the guard folds away
+    for i_t in range(0, T_STATIC if T_STATIC > 0 else T_n):
+        if T_STATIC == 0 or i_t < T_n:
             t = bos + i_t
             # inputs of token t, loaded in their dtype, computed in fp32
             b_q = tl.load(in_q + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -192,7 +196,7 @@ def recurrent_forward(inputs, *, initial_state=None, output_final_state=False, c
         scale = IR.scale if IR.scale is not None else DK ** -0.5
     x = {n_: t_.contiguous() for n_, t_ in x.items()}
     BK = triton.next_power_of_2(DK)
-    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), 64)
+    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), DEFAULT_BLOCK_V)
     if BV < 1 or BV & (BV - 1):
         raise ValueError(f"block_v must be a power of two; got {BV}")
 

@@ -166,6 +166,7 @@ def gdn_fused_gate_recurrent_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     FWD_STATIC: tl.constexpr,
     NSEG_STATIC: tl.constexpr,
+    SEG_STATIC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -187,10 +188,26 @@ def gdn_fused_gate_recurrent_bwd_kernel(
     m_kk = m_k[:, None] & m_k[None, :]
     off_hv = o_kb[:, None] * BV + tl.arange(0, BV)[None, :]
     off_kk = o_kb[:, None] * BK + o_kb[None, :]
+    # this program's checkpoint (ck, NSEG slots) and segment (sg, CHECK slots) scratch
+    pck_S = ck_S + i_p * (NSEG * BK * BV) + off_hv
+    psg_S = sg_S + i_p * (CHECK * BK * BV) + off_hv
     # zeros, made once: tl.zeros is a nested jit call (slow under TRITON_INTERPRET=1)
     z_k = tl.zeros([BK], dtype=tl.float32)
     z_v = tl.zeros([BV], dtype=tl.float32)
     z_s = tl.zeros([], dtype=tl.float32)
+    # per-program base pointers of the per-token inputs and their gradients
+    pb_q = in_q + i_h * DK + o_k
+    pg_q = dx_q + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_k = in_k + i_h * DK + o_k
+    pg_k = dx_k + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_v = in_v + i_hv * DV + o_v
+    pg_v = dx_v + (i_hv) * DV + o_v
+    pb_a = in_a + i_hv
+    pg_a = dx_a + i_v.to(tl.int64) * TT * HV + i_hv
+    pb_b = in_b + i_hv
+    pg_b = dx_b + i_v.to(tl.int64) * TT * HV + i_hv
+    pb_do = do + i_hv * DV + o_v
+    pb_dr = dr + i_hv * DV + o_v
     b_A_log = tl.load(in_A_log + i_hv).to(tl.float32)
     acc_A_log = tl.zeros([], dtype=tl.float32)
     b_dt_bias = tl.load(in_dt_bias + i_hv).to(tl.float32)
@@ -205,13 +222,16 @@ def gdn_fused_gate_recurrent_bwd_kernel(
         if i_t < T_n:
             t = bos + i_t
             if i_t % CHECK == 0:
-                tl.store(ck_S + ((i_p * NSEG + i_t // CHECK) * BK) * BV + off_hv, st_h)
+                tl.store(pck_S + (i_t // CHECK) * (BK * BV), st_h)
 
             # --- forward step of token t (states only): the states go from before t to after t ---
-            b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-            b_a = tl.load(in_a + t * HV + i_hv).to(tl.float32)
-            b_b = tl.load(in_b + t * HV + i_hv).to(tl.float32)
+            ot_HDK = t * (H * DK)
+            ot_HVDV = t * (HV * DV)
+            ot_HV = t * (HV)
+            b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+            b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+            b_a = tl.load(pb_a + ot_HV).to(tl.float32)
+            b_b = tl.load(pb_b + ot_HV).to(tl.float32)
             rs_k = tl.rsqrt(tl.reduce(b_k * b_k, 0, _add) + 1e-06)
             b_k = b_k * rs_k
             d_kt = b_k
@@ -226,7 +246,7 @@ def gdn_fused_gate_recurrent_bwd_kernel(
             d_Xe = tl.reduce(st_h * v_e[:, None], 0, _add)
             st_h = st_h + v_w[:, None] * (v_vp + d_Xe)[None, :]
 
-    tl.store(ck_S + ((i_p * NSEG + NSEG - 1) * BK) * BV + off_hv, st_h)
+    tl.store(pck_S + (NSEG - 1) * (BK * BV), st_h)
 
     tl.debug_barrier()
 
@@ -234,18 +254,21 @@ def gdn_fused_gate_recurrent_bwd_kernel(
     for i_s in range(0, NSEG_STATIC if NSEG_STATIC > 0 else NSEG):
         t0 = (NSEG - 1 - i_s) * CHECK
         if t0 < T_n:
-            st_h = tl.load(ck_S + ((i_p * NSEG + t0 // CHECK) * BK) * BV + off_hv)
+            st_h = tl.load(pck_S + (t0 // CHECK) * (BK * BV))
 
-            for j in range(0, CHECK):
+            for j in range(0, SEG_STATIC if SEG_STATIC > 0 else CHECK):
                 if t0 + j < T_n:
                     t = bos + t0 + j
-                    tl.store(sg_S + ((i_p * CHECK + j) * BK) * BV + off_hv, st_h)
+                    tl.store(psg_S + (j) * (BK * BV), st_h)
 
                     # --- forward step of token t (states only): the states go from before t to after t ---
-                    b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-                    b_a = tl.load(in_a + t * HV + i_hv).to(tl.float32)
-                    b_b = tl.load(in_b + t * HV + i_hv).to(tl.float32)
+                    ot_HDK = t * (H * DK)
+                    ot_HVDV = t * (HV * DV)
+                    ot_HV = t * (HV)
+                    b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+                    b_a = tl.load(pb_a + ot_HV).to(tl.float32)
+                    b_b = tl.load(pb_b + ot_HV).to(tl.float32)
                     rs_k = tl.rsqrt(tl.reduce(b_k * b_k, 0, _add) + 1e-06)
                     b_k = b_k * rs_k
                     d_kt = b_k
@@ -261,18 +284,22 @@ def gdn_fused_gate_recurrent_bwd_kernel(
                     st_h = st_h + v_w[:, None] * (v_vp + d_Xe)[None, :]
 
             tl.debug_barrier()
-            for jj in range(0, CHECK):
-                j = CHECK - 1 - jj
+            for jj in range(0, SEG_STATIC if SEG_STATIC > 0 else CHECK):
+                j = (SEG_STATIC if SEG_STATIC > 0 else CHECK) - 1 - jj
                 if t0 + j < T_n:
                     t = bos + t0 + j
-                    st_h = tl.load(sg_S + ((i_p * CHECK + j) * BK) * BV + off_hv)
+                    st_h = tl.load(psg_S + (j) * (BK * BV))
 
                     # --- forward step of token t: the states go from before t to after t ---
-                    b_q = tl.load(in_q + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-                    b_a = tl.load(in_a + t * HV + i_hv).to(tl.float32)
-                    b_b = tl.load(in_b + t * HV + i_hv).to(tl.float32)
+                    ot_HDK = t * (H * DK)
+                    ot_HVDV = t * (HV * DV)
+                    ot_HV = t * (HV)
+                    ot_HVDK = t * (HV * DK)
+                    b_q = tl.load(pb_q + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+                    b_a = tl.load(pb_a + ot_HV).to(tl.float32)
+                    b_b = tl.load(pb_b + ot_HV).to(tl.float32)
                     rs_q = tl.rsqrt(tl.reduce(b_q * b_q, 0, _add) + 1e-06)
                     b_q = b_q * rs_q
                     rs_k = tl.rsqrt(tl.reduce(b_k * b_k, 0, _add) + 1e-06)
@@ -291,7 +318,7 @@ def gdn_fused_gate_recurrent_bwd_kernel(
                     d_qp = b_q
 
                     # --- backward step of token t: dh is the adjoint of h_t from the tokens after t ---
-                    b_do = tl.load(do + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+                    b_do = tl.load(pb_do + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
                     dq_acc = z_k
                     dk_acc = z_k
                     # subexpressions shared by the derivatives below
@@ -325,11 +352,11 @@ def gdn_fused_gate_recurrent_bwd_kernel(
                     g_dt_bias = cse_1 * a_lg
                     g_q = rs_q * (g_q - b_q * tl.reduce(b_q * g_q, 0, _add))
                     g_k = rs_k * (g_k - b_k * tl.reduce(b_k * g_k, 0, _add))
-                    tl.store(dx_q + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_q, mask=m_k)
-                    tl.store(dx_k + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_k, mask=m_k)
-                    tl.store(dx_v + (t * HV + i_hv) * DV + o_v, g_v, mask=m_v)
-                    tl.store(dx_a + (i_v * TT + t) * HV + i_hv, g_a)
-                    tl.store(dx_b + (i_v * TT + t) * HV + i_hv, g_b)
+                    tl.store(pg_q + ot_HVDK, g_q, mask=m_k)
+                    tl.store(pg_k + ot_HVDK, g_k, mask=m_k)
+                    tl.store(pg_v + ot_HVDV, g_v, mask=m_v)
+                    tl.store(pg_a + ot_HV, g_a)
+                    tl.store(pg_b + ot_HV, g_b)
                     acc_A_log += g_A_log
                     acc_dt_bias += g_dt_bias
             tl.debug_barrier()
@@ -390,6 +417,8 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
     if tuple(do.shape) != (B, T, HV, DV):
         raise TensorError(f"gdn_fused_gate: do has shape {list(do.shape)}, expected {[B, T, HV, DV]}")
     do = do.contiguous()
+    if ROUTE == "none" and d_route is not None:
+        raise TensorError("gdn_fused_gate: d_route given, but this spec has no route output")
     if ROUTE != "none" and d_route is not None:
         if tuple(d_route.shape) != (B, T, HV, DV):
             raise TensorError(f"gdn_fused_gate: d_route has shape {list(d_route.shape)}, expected {[B, T, HV, DV]}")
@@ -414,11 +443,11 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
         dht[n_] = g_.to(torch.float32).contiguous()
 
     BK = triton.next_power_of_2(DK)
-    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), 64)
+    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), 32)  # 64 spills at dk = 128
     NV = triton.cdiv(DV, BV)
     CHECK = checkpoint if checkpoint is not None else DEFAULT_CHECK
-    if CHECK < 1 or CHECK & (CHECK - 1) or BV & (BV - 1):
-        raise ValueError(f"checkpoint and block_v must be powers of two; got {CHECK}, {BV}")
+    if CHECK < 1 or BV < 1 or BV & (BV - 1):
+        raise ValueError(f"checkpoint must be >= 1 and block_v a power of two; got {CHECK}, {BV}")
     T_loop = max(b_ - a_ for a_, b_ in ranges) if ranges else T
     NSEG = triton.cdiv(T_loop, CHECK)
     TT = B * T
@@ -469,6 +498,7 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
         IS_VARLEN=bool(ranges),
         FWD_STATIC=(NSEG - 1) * CHECK if _INTERPRETED else -1,
         NSEG_STATIC=NSEG if _INTERPRETED else 0,
+        SEG_STATIC=min(CHECK, T_loop) if _INTERPRETED else 0,  # the interpreter needs Python loop bounds
         num_warps=4,
     )
 

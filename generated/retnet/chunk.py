@@ -109,7 +109,7 @@ def chunk_cumsum_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
+    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -124,7 +124,7 @@ def chunk_cumsum_kernel(
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m_r = rows < eos
-    b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.log((1.0 + (-1.0 * tl.exp((-5.0 + (-1.0 * i_hv.to(tl.float32))) * 0.6931471805599453))))) * 1.4426950408889634, 0.)
+    b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((tl.log((1.0 + (-1.0 * tl.exp((-5.0 + (-1.0 * i_hv.to(tl.float32))) * 0.6931471805599453))))) * 1.4426950408889634, -64.0), 0.)
     b_g = tl.cumsum(b_g, axis=0)
     tl.store(g_buf + rows * HV + i_hv, b_g, mask=m_r)
 
@@ -138,7 +138,7 @@ def chunk_state_pass_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
+    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -156,29 +156,53 @@ def chunk_state_pass_kernel(
     m_h = m_k[:, None] & m_v[None, :]
     p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
     b_h = tl.load(s0 + p_s, mask=m_h, other=0.)
-    # a while loop: the Triton interpreter cannot take a loaded scalar as a range() bound
     n_tc = tl.cdiv(eos - bos, BT)
-    i_tc = 0
-    while i_tc < n_tc:
-        t0 = bos + i_tc * BT
-        rows = t0 + o_t
-        m_r = rows < eos
-        m_rv = m_r[:, None] & m_v[None, :]
-        tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                 _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-        b_u = b_z
-        tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-        _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-        last = t0 + tl.minimum(eos - t0, BT) - 1
-        b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
-        b_gl = tl.load(g_buf + last * HV + i_hv)
-        b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-        b_h = b_h * tl.exp2(b_gl)
-        b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
-        i_tc += 1
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = 0
+        while i_tc < n_tc:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rv = m_r[:, None] & m_v[None, :]
+            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
+            _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+            b_u = b_z
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_h = b_h * tl.exp2(b_gl)
+            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+
+            i_tc += 1
+    else:
+        # a for loop, so that Triton software-pipelines the loads of the next chunk
+        for i_tc in range(0, n_tc):
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rv = m_r[:, None] & m_v[None, :]
+            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
+            _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+            b_u = b_z
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_h = b_h * tl.exp2(b_gl)
+            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+
     if STORE_FINAL:
         tl.store(s_out + p_s, b_h, mask=m_h)
 
@@ -191,7 +215,7 @@ def chunk_output_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
+    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -249,19 +273,23 @@ def _next_pow2(x):
 
 
 def launch_config(name, DK, DV):
-    """(BV, num_warps, num_stages) per stage; BK is always the padded full key width."""
+    """(BV, num_warps, num_stages) per stage; BK is always the padded full key width.
+
+    Heuristics (no autotuning yet): full-dk tiles make register pressure the limit, so wide tiles get
+    8 warps and the state pass a narrow BV.
+    """
     BK = max(16, _next_pow2(DK))
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
     if name == "state_pass":
-        return (bv_full if BK <= 64 else min(32, bv_full)), (8 if wide else 4), 2
+        return min(32, bv_full), (8 if wide else 4), 2
     if name == "output":
-        return bv_full, (8 if wide else 4), 2
-    if name in ("interaction", "wy"):
+        return bv_full, (8 if BK >= 64 else 4), 2
+    if name == "interaction":
+        return bv_full, (8 if wide or (BK >= 64 and DECAY == "vector") else 4), 1
+    if name in ("wy", "precond_diag", "curvature_query"):
         return bv_full, (8 if wide else 4), 1
-    if name in ("precond_diag", "curvature_query"):
-        return bv_full, (8 if wide else 4), 1
-    return bv_full, 4, 1
+    return bv_full, (8 if wide and DECAY == "vector" else 4), 1
 
 
 def _chunk_layout(lens, device):
@@ -320,7 +348,8 @@ def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_se
     bufs["s_out"] = s_out
     BK = max(16, _next_pow2(DK))
     dt_id = _DT_ID[dt]
-    if dt_id and os.environ.get("TRITON_INTERPRET") == "1":
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if dt_id and interpret:
         dt_id += 2
     args = [x[n] for n in _INPUTS] + [bufs[n] for n in _BUFFERS] + [cu, chunk_indices, chunk_offsets, float(scale)]
     for name, kernel, kind in _kernels():
@@ -336,30 +365,9 @@ def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_se
         else:
             grid = (triton.cdiv(DV, BV), NT, HV)
         kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=BK, BV=BV,
-                     DT_ID=dt_id, STORE_FINAL=bool(output_final_state),
+                     DT_ID=dt_id, STORE_FINAL=bool(output_final_state), INTERPRET=interpret,
                      num_warps=num_warps, num_stages=num_stages)
     final = None
     if output_final_state:
         final = {"S": s_out}
     return RecurrenceOutput(o, final, route)
-
-
-def aot_signatures(dk, dv, dtype="bf16", H=4, HV=4):
-    """Argument types and constexprs of every kernel, for triton.compile(ASTSource(...)) without a GPU."""
-    sig = {}
-    for n in _INPUTS:
-        sig["p_" + n] = "*" + dtype
-    for n in _BUFFERS:
-        sig[n] = ("*" + dtype) if n in _DT_BUFFERS else "*fp32"
-    sig.update(cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", scale="fp32")
-    dt_id = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
-    out = []
-    for name, kernel, _kind in _kernels():
-        BV, num_warps, num_stages = launch_config(name, dk, dv)
-        consts = dict(H=H, HV=HV, HP=H if False else HV, G=HV // H, DK=dk, DV=dv, BT=BT, BC=BC,
-                      BK=max(16, _next_pow2(dk)), BV=BV, DT_ID=dt_id, STORE_FINAL=True)
-        s = dict(sig)
-        s.update(dict.fromkeys(consts, "constexpr"))
-        out.append(dict(name=name, kernel=kernel, signature=s, constexprs=consts,
-                        num_warps=num_warps, num_stages=num_stages))
-    return out

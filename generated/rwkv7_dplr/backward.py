@@ -157,6 +157,7 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     FWD_STATIC: tl.constexpr,
     NSEG_STATIC: tl.constexpr,
+    SEG_STATIC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -178,10 +179,28 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     m_kk = m_k[:, None] & m_k[None, :]
     off_hv = o_kb[:, None] * BV + tl.arange(0, BV)[None, :]
     off_kk = o_kb[:, None] * BK + o_kb[None, :]
+    # this program's checkpoint (ck, NSEG slots) and segment (sg, CHECK slots) scratch
+    pck_S = ck_S + i_p * (NSEG * BK * BV) + off_hv
+    psg_S = sg_S + i_p * (CHECK * BK * BV) + off_hv
     # zeros, made once: tl.zeros is a nested jit call (slow under TRITON_INTERPRET=1)
     z_k = tl.zeros([BK], dtype=tl.float32)
     z_v = tl.zeros([BV], dtype=tl.float32)
     z_s = tl.zeros([], dtype=tl.float32)
+    # per-program base pointers of the per-token inputs and their gradients
+    pb_q = in_q + i_h * DK + o_k
+    pg_q = dx_q + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_k = in_k + i_h * DK + o_k
+    pg_k = dx_k + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_v = in_v + i_hv * DV + o_v
+    pg_v = dx_v + (i_hv) * DV + o_v
+    pb_w = in_w + i_hv * DK + o_k
+    pg_w = dx_w + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_kappa = in_kappa + i_hv * DK + o_k
+    pg_kappa = dx_kappa + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_iclr = in_iclr + i_hv * DK + o_k
+    pg_iclr = dx_iclr + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_do = do + i_hv * DV + o_v
+    pb_dr = dr + i_hv * DV + o_v
 
     # initial states
     st_h = tl.load(h0_S + (i_nh.to(tl.int64) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_h, other=0.0).to(tl.float32)
@@ -192,14 +211,17 @@ def rwkv7_dplr_recurrent_bwd_kernel(
         if i_t < T_n:
             t = bos + i_t
             if i_t % CHECK == 0:
-                tl.store(ck_S + ((i_p * NSEG + i_t // CHECK) * BK) * BV + off_hv, st_h)
+                tl.store(pck_S + (i_t // CHECK) * (BK * BV), st_h)
 
             # --- forward step of token t (states only): the states go from before t to after t ---
-            b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-            b_w = tl.load(in_w + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_kappa = tl.load(in_kappa + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_iclr = tl.load(in_iclr + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+            ot_HDK = t * (H * DK)
+            ot_HVDV = t * (HV * DV)
+            ot_HVDK = t * (HV * DK)
+            b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+            b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+            b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+            b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+            b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
             d_kt = b_k
             v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
             v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
@@ -213,7 +235,7 @@ def rwkv7_dplr_recurrent_bwd_kernel(
             h_bar = st_h
             st_h = st_h + v_f[:, None] * d_Xe[None, :] + v_w[:, None] * v_vp[None, :]
 
-    tl.store(ck_S + ((i_p * NSEG + NSEG - 1) * BK) * BV + off_hv, st_h)
+    tl.store(pck_S + (NSEG - 1) * (BK * BV), st_h)
 
     tl.debug_barrier()
 
@@ -221,19 +243,22 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     for i_s in range(0, NSEG_STATIC if NSEG_STATIC > 0 else NSEG):
         t0 = (NSEG - 1 - i_s) * CHECK
         if t0 < T_n:
-            st_h = tl.load(ck_S + ((i_p * NSEG + t0 // CHECK) * BK) * BV + off_hv)
+            st_h = tl.load(pck_S + (t0 // CHECK) * (BK * BV))
 
-            for j in range(0, CHECK):
+            for j in range(0, SEG_STATIC if SEG_STATIC > 0 else CHECK):
                 if t0 + j < T_n:
                     t = bos + t0 + j
-                    tl.store(sg_S + ((i_p * CHECK + j) * BK) * BV + off_hv, st_h)
+                    tl.store(psg_S + (j) * (BK * BV), st_h)
 
                     # --- forward step of token t (states only): the states go from before t to after t ---
-                    b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-                    b_w = tl.load(in_w + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_kappa = tl.load(in_kappa + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_iclr = tl.load(in_iclr + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+                    ot_HDK = t * (H * DK)
+                    ot_HVDV = t * (HV * DV)
+                    ot_HVDK = t * (HV * DK)
+                    b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+                    b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     d_kt = b_k
                     v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
                     v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
@@ -248,19 +273,22 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     st_h = st_h + v_f[:, None] * d_Xe[None, :] + v_w[:, None] * v_vp[None, :]
 
             tl.debug_barrier()
-            for jj in range(0, CHECK):
-                j = CHECK - 1 - jj
+            for jj in range(0, SEG_STATIC if SEG_STATIC > 0 else CHECK):
+                j = (SEG_STATIC if SEG_STATIC > 0 else CHECK) - 1 - jj
                 if t0 + j < T_n:
                     t = bos + t0 + j
-                    st_h = tl.load(sg_S + ((i_p * CHECK + j) * BK) * BV + off_hv)
+                    st_h = tl.load(psg_S + (j) * (BK * BV))
 
                     # --- forward step of token t: the states go from before t to after t ---
-                    b_q = tl.load(in_q + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-                    b_w = tl.load(in_w + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_kappa = tl.load(in_kappa + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-                    b_iclr = tl.load(in_iclr + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+                    ot_HDK = t * (H * DK)
+                    ot_HVDV = t * (HV * DV)
+                    ot_HVDK = t * (HV * DK)
+                    b_q = tl.load(pb_q + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
+                    b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     d_kt = b_k
                     v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
                     v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
@@ -276,14 +304,12 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     d_qp = b_q
 
                     # --- backward step of token t: dh is the adjoint of h_t from the tokens after t ---
-                    b_do = tl.load(do + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+                    b_do = tl.load(pb_do + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
                     dq_acc = z_k
                     dk_acc = z_k
                     # subexpressions shared by the derivatives below
-                    cse_0 = (b_kappa * b_kappa)
-                    cse_1 = (1e-06 + cse_0)
-                    cse_2 = (1.0 / (tl.sqrt(cse_1)))
-                    cse_3 = (cse_0 * (1.0 / (tl.sqrt(cse_1) * tl.sqrt(cse_1) * tl.sqrt(cse_1))))
+                    cse_0 = (1e-06 + (b_kappa * b_kappa))
+                    cse_1 = (1e-06 * (1.0 / (tl.sqrt(cse_0) * tl.sqrt(cse_0) * tl.sqrt(cse_0))))
                     # read: o = scale · h_tᵀ q'
                     a_qp = tl.reduce(st_h * b_do[None, :], 1, _add) * scale
                     dh = dh + (d_qp * scale)[:, None] * b_do[None, :]
@@ -308,14 +334,14 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     g_k = a_w + dk_acc
                     g_v = a_vp
                     g_w = a_lg
-                    g_kappa = (cse_3 + (-1.0 * cse_2)) * a_e + ((cse_2 * b_iclr) + (-1.0 * cse_3 * b_iclr)) * a_f
-                    g_iclr = (cse_2 * b_kappa) * a_f
-                    tl.store(dx_q + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_q, mask=m_k)
-                    tl.store(dx_k + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_k, mask=m_k)
-                    tl.store(dx_v + (t * HV + i_hv) * DV + o_v, g_v, mask=m_v)
-                    tl.store(dx_w + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_w, mask=m_k)
-                    tl.store(dx_kappa + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_kappa, mask=m_k)
-                    tl.store(dx_iclr + ((i_v * TT + t) * HV + i_hv) * DK + o_k, g_iclr, mask=m_k)
+                    g_kappa = (-1.0 * cse_1) * a_e + (cse_1 * b_iclr) * a_f
+                    g_iclr = (b_kappa * (1.0 / (tl.sqrt(cse_0)))) * a_f
+                    tl.store(pg_q + ot_HVDK, g_q, mask=m_k)
+                    tl.store(pg_k + ot_HVDK, g_k, mask=m_k)
+                    tl.store(pg_v + ot_HVDV, g_v, mask=m_v)
+                    tl.store(pg_w + ot_HVDK, g_w, mask=m_k)
+                    tl.store(pg_kappa + ot_HVDK, g_kappa, mask=m_k)
+                    tl.store(pg_iclr + ot_HVDK, g_iclr, mask=m_k)
             tl.debug_barrier()
 
     # gradients of the initial states and the params
@@ -371,6 +397,8 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
     if tuple(do.shape) != (B, T, HV, DV):
         raise TensorError(f"rwkv7_dplr: do has shape {list(do.shape)}, expected {[B, T, HV, DV]}")
     do = do.contiguous()
+    if ROUTE == "none" and d_route is not None:
+        raise TensorError("rwkv7_dplr: d_route given, but this spec has no route output")
     if ROUTE != "none" and d_route is not None:
         if tuple(d_route.shape) != (B, T, HV, DV):
             raise TensorError(f"rwkv7_dplr: d_route has shape {list(d_route.shape)}, expected {[B, T, HV, DV]}")
@@ -395,11 +423,11 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
         dht[n_] = g_.to(torch.float32).contiguous()
 
     BK = triton.next_power_of_2(DK)
-    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), 64)
+    BV = block_v if block_v is not None else min(triton.next_power_of_2(DV), 32)  # 64 spills at dk = 128
     NV = triton.cdiv(DV, BV)
     CHECK = checkpoint if checkpoint is not None else DEFAULT_CHECK
-    if CHECK < 1 or CHECK & (CHECK - 1) or BV & (BV - 1):
-        raise ValueError(f"checkpoint and block_v must be powers of two; got {CHECK}, {BV}")
+    if CHECK < 1 or BV < 1 or BV & (BV - 1):
+        raise ValueError(f"checkpoint must be >= 1 and block_v a power of two; got {CHECK}, {BV}")
     T_loop = max(b_ - a_ for a_, b_ in ranges) if ranges else T
     NSEG = triton.cdiv(T_loop, CHECK)
     TT = B * T
@@ -450,6 +478,7 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
         IS_VARLEN=bool(ranges),
         FWD_STATIC=(NSEG - 1) * CHECK if _INTERPRETED else -1,
         NSEG_STATIC=NSEG if _INTERPRETED else 0,
+        SEG_STATIC=min(CHECK, T_loop) if _INTERPRETED else 0,  # the interpreter needs Python loop bounds
         num_warps=4,
     )
 
