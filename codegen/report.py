@@ -74,10 +74,10 @@ def _recording(calls: list) -> Iterator[None]:
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int]:
-    """(registers, local-memory bytes per thread) of a cubin, read by the cuobjdump shipped with triton.
+    """(registers, spill bytes per thread) of a cubin, read by the cuobjdump shipped with triton.
 
-    Local memory in a Triton kernel is register spill (it allocates no stack arrays), so LOCAL > 0
-    means spills. Reading the cubin avoids running ptxas a second time.
+    A Triton kernel has no stack arrays or recursion, so its stack frame (and any local memory) is
+    register spill: it matches ptxas's "bytes spill stores". Reading the cubin avoids a second ptxas run.
     """
     import triton
 
@@ -88,8 +88,9 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
         out = subprocess.run([str(exe), "--dump-resource-usage", str(path)], capture_output=True, text=True,
                              check=True).stdout
     regs = max((int(x) for x in re.findall(r"REG:(\d+)", out)), default=0)
+    stack = max((int(x) for x in re.findall(r"STACK:(\d+)", out)), default=0)
     local = max((int(x) for x in re.findall(r"LOCAL:(\d+)", out)), default=0)
-    return regs, local
+    return regs, max(stack, local)
 
 
 def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noqa: ANN001
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_report(reports: list[KernelReport]) -> str:
-    lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'local B':>8} "
+    lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'spill B':>8} "
              f"{'shared B':>9}  result"]
     for r in reports:
         lines.append(f"{r.module:<10} {r.kernel:<34} {r.dk:>5} {r.config:<18} {r.registers:>5} {r.spill_bytes:>8} "
