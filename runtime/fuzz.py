@@ -2,9 +2,9 @@
 
 `specs()` draws random *valid* specs: every slot option, random elementwise expressions from a safe
 grammar (bounded maps of free inputs, so gates stay in range), random input roles and head groupings.
-`fuzz()` compiles each drawn spec, runs its kernels against the reference derived from the same spec
-(the Triton interpreter on CPU, or the GPU), and on a failure lets hypothesis shrink the spec to a
-minimal one, which is written to a file together with the inputs' seed.
+`fuzz()` compiles each drawn spec, runs its kernels (forward, decode and the generated backward)
+against the reference derived from the same spec (the Triton interpreter on CPU, or the GPU), and on
+a failure lets hypothesis shrink the spec to a minimal one, written to a file with the inputs' seed.
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ class FuzzResult:
 
 
 def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: str = "cpu", T: int = 20,
-         dk: int = 16, dv: int = 16, chunkable_only: bool = False, log=print) -> FuzzResult:  # noqa: ANN001
+         dk: int = 16, dv: int = 16, chunkable_only: bool = False, gradients: bool = True,
+         log=print) -> FuzzResult:  # noqa: ANN001
     """Draw `count` specs; compile each and check its kernels against its reference (see runtime/verify).
 
     On a failure hypothesis shrinks the spec (and the input seed); the minimal failing spec is written
@@ -183,7 +184,7 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
 
     from .api import load
     from .compile import compile as compile_spec
-    from .verify import format_rows, verify
+    from .verify import format_rows, verify, verify_gradients
 
     result = FuzzResult()
     last_failure: dict[str, object] = {}
@@ -196,6 +197,8 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
         rec = load(text)
         pkg = compile_spec(rec)
         rows = verify(rec, pkg, B=2, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
+        if gradients:
+            rows += verify_gradients(rec, pkg, B=1, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
         bad = [r for r in rows if not r.ok]
         if not last_failure:
             result.count += 1

@@ -103,3 +103,32 @@ def format_rows(rows: list[Row]) -> str:
     for r in rows:
         lines.append(f"{r.path:<{w}}  {r.output:<10} {r.error:>10.3e} {r.tolerance:>10.1e}  {'ok' if r.ok else 'FAIL'}")
     return "\n".join(lines)
+
+
+def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int = 20, H: int = 1, dk: int = 16,
+                     dv: int = 16, HV: int | None = None, seed: int = 0, device: str = "cpu") -> list[Row]:
+    """Gradients of a random linear loss on o, the final states and the route, through the package's
+    autograd (the generated backward kernel), against float64 autograd through the reference."""
+    inputs = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed, device=device)
+    _, dims = check_inputs(rec.ir, inputs)
+    gen = torch.Generator().manual_seed(seed + 7)
+    init = {"S": 0.1 * torch.randn(state_shapes(rec.ir, dims, B)["S"], generator=gen)}
+    xs = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
+    s0 = init["S"].clone().to(device).requires_grad_(True)
+    got = package.forward(**xs, initial_state={"S": s0}, output_final_state=True)
+    xr = {k: v.detach().double().cpu().requires_grad_(True) for k, v in inputs.items()}
+    r0 = init["S"].double().requires_grad_(True)  # a new leaf: .double() copies the float32 tensor
+    ref = rec.reference(**xr, initial_state={"S": r0}, output_final_state=True)
+    weights = [torch.randn(ref.o.shape, generator=gen, dtype=torch.float64),
+               torch.randn(ref.final_state["S"].shape, generator=gen, dtype=torch.float64)]
+    outs_g, outs_r = [got.o, got.final_state["S"]], [ref.o, ref.final_state["S"]]
+    if ref.route is not None:
+        weights.append(torch.randn(ref.route.shape, generator=gen, dtype=torch.float64))
+        outs_g.append(got.route)
+        outs_r.append(ref.route)
+    torch.autograd.backward(outs_g, [w.to(device=device, dtype=o.dtype) for w, o in zip(weights, outs_g, strict=True)])
+    torch.autograd.backward(outs_r, weights)
+    rows = [Row("backward (generated)", f"d{name}", rel_error(xs[name].grad, xr[name].grad) if xs[name].grad is not None
+                else float("inf"), 1e-4) for name in xs]
+    rows.append(Row("backward (generated)", "d state S", rel_error(s0.grad, r0.grad), 1e-4))
+    return rows
