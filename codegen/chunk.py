@@ -26,13 +26,9 @@ vector decay uses sub-chunk (16-token) reference points (chunkwise.md §3).
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
-import os
 import re
-import sys
-import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import jinja2
 import sympy as sp
@@ -294,40 +290,8 @@ def render_chunk(ir: IR) -> str:
 # --------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------
-_LOADED: dict[str, object] = {}
+def load_chunk(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
+    """Render, write (Triton's JIT reads kernel source from real files) and import the chunk module."""
+    from ..runtime.compile import load_source_module
 
-
-def cache_dir() -> Path:
-    root = os.environ.get("DGPS_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "dgps"
-    return base / "chunk"
-
-
-def load_chunk(ir: IR):
-    """Write the rendered module to the cache directory and import it; cached per source hash."""
-    path = write_chunk(ir)
-    modname = path.stem
-    if modname in _LOADED:
-        return _LOADED[modname]
-    spec = importlib.util.spec_from_file_location(modname, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    _LOADED[modname] = mod
-    return mod
-
-
-def write_chunk(ir: IR) -> Path:
-    """Write the rendered module into the cache directory (if not there yet); returns its path."""
-    src = render_chunk(ir)
-    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
-    d = cache_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"dgps_chunk_{re.sub(r'[^0-9a-zA-Z_]', '_', ir.name)}_{digest}.py"
-    if not path.exists() or path.read_text() != src:
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(src)
-        os.replace(tmp, path)
-    return path
+    return load_source_module(render_chunk(ir), "chunk", ir.name, cache_dir)

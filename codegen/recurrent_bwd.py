@@ -22,12 +22,7 @@ their value-head group, params over batch and time). No atomics.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
-import os
 import re
-import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -386,39 +381,8 @@ def render_recurrent_backward(ir: IR) -> str:
     return _env().get_template("recurrent_bwd.jinja").render(**_context(ir))
 
 
-# --- loading ---------------------------------------------------------------------------------------------
-_LOADED: dict[str, ModuleType] = {}
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("DGPS_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dgps"
-    return base / "recurrent_bwd"
-
-
 def load_recurrent_backward(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
     """Render, write (Triton's JIT reads kernel source from real files) and import the backward module."""
-    source = render_recurrent_backward(ir)
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
-    mod_name = f"dgps_recurrent_bwd_{ir.name}_{key}"
-    if mod_name in _LOADED:
-        return _LOADED[mod_name]
-    root = Path(cache_dir) if cache_dir is not None else _cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{mod_name}.py"
-    if not path.exists() or path.read_text() != source:
-        fd, tmp = tempfile.mkstemp(prefix=f".{mod_name}_", suffix=".py", dir=root)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[mod_name]
-        raise
-    _LOADED[mod_name] = module
-    return module
+    from ..runtime.compile import load_source_module
+
+    return load_source_module(render_recurrent_backward(ir), "recurrent_bwd", ir.name, cache_dir)

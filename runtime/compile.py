@@ -7,8 +7,10 @@ imports it. Triton's JIT reads kernel source from files, so packages are always 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -65,6 +67,39 @@ def import_package(path: str | Path, module_name: str) -> ModuleType:
     except BaseException:
         del sys.modules[module_name]
         raise
+    return module
+
+
+_SOURCE_MODULES: dict[str, ModuleType] = {}
+
+
+def load_source_module(source: str, kind: str, name: str, cache_dir: str | Path | None = None) -> ModuleType:
+    """Write generated module source to `<cache>/<kind>/` under a content-hashed name and import it.
+
+    Triton's JIT reads kernel source from real files, so rendered kernels are never exec'd from strings.
+    """
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    mod_name = f"dgps_{kind}_{re.sub(r'[^0-9a-zA-Z_]', '_', name)}_{key}"
+    if mod_name in _SOURCE_MODULES:
+        return _SOURCE_MODULES[mod_name]
+    root = (Path(cache_dir) if cache_dir is not None else cache_root()) / kind
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{mod_name}.py"
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(prefix=f".{mod_name}_", suffix=".py", dir=root)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    _SOURCE_MODULES[mod_name] = module
     return module
 
 
