@@ -10,6 +10,7 @@ a failure lets hypothesis shrink the spec to a minimal one, written to a file wi
 from __future__ import annotations
 
 import hashlib
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +195,13 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
               phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
     @given(specs(chunkable_only=chunkable_only), st.integers(0, 2**16))
     def check(text: str, input_seed: int) -> None:
+        try:
+            _check_one(text, input_seed)
+        except Exception as e:
+            last_failure.update(text=text, seed=input_seed, error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            raise
+
+    def _check_one(text: str, input_seed: int) -> None:
         rec = load(text)
         pkg = compile_spec(rec)
         rows = verify(rec, pkg, B=2, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
@@ -206,7 +214,6 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
                 f"precond={rec.ir.precond.kind:<5} read={rec.ir.read.kind:<9} route={rec.ir.route:<8} "
                 f"forward={pkg.METADATA['forward']:<9} {'ok' if not bad else 'FAIL'}")
         if bad:
-            last_failure.update(text=text, seed=input_seed, error=format_rows(rows))
             result.failures_seen += 1
             raise AssertionError(format_rows(rows))
 
