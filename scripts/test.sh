@@ -8,4 +8,4 @@ python -m pip install -q -e ".[test,fla]"
 ruff check .
 dgps check -q specs/*.dgps
 python -m dgps.codegen.generate --check
-python -m pytest -n 2 --durations=15
+python -m pytest tests -n 2 --durations=15
