@@ -115,7 +115,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     device = _use_interpreter_without_gpu()
     from .runtime.compile import compile as compile_spec
-    from .runtime.verify import format_rows, verify
+    from .runtime.verify import format_rows, verify, verify_gradients
 
     rec = _load(args.spec)
     package = compile_spec(rec)
@@ -125,6 +125,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
           f"{' (TRITON_INTERPRET=1)' if device == 'cpu' else ''}")
     rows = verify(rec, package, B=args.B, T=args.T, H=args.H, dk=args.dk, dv=args.dv, HV=args.HV, dtype=dtype,
                   seed=args.seed, varlen=args.varlen, device=device)
+    if not args.no_backward:
+        rows += verify_gradients(rec, package, B=args.B, T=args.T, H=args.H, dk=args.dk, dv=args.dv, HV=args.HV,
+                                 seed=args.seed, device=device)
     print(format_rows(rows))
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
@@ -179,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--varlen", action="store_true", help="pack the batch into one sequence with cu_seqlens")
+    v.add_argument("--no-backward", action="store_true", help="skip the gradient check (fp32, vs float64 autograd)")
     f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference")
     f.add_argument("--count", type=int, default=50)
     f.add_argument("--seed", type=int, default=0)
