@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +36,7 @@ import sympy as sp
 
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
 from .triton_expr import triton_expr
+from .triton_expr_bwd import triton_expr_bwd
 
 BT = 64  # chunk size
 BC = 16  # sub-chunk size (triangular solve blocks, vector-decay reference points)
@@ -182,13 +184,16 @@ class _Emitter:
         return var
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
-             indent: int = 4, log2: bool = False) -> str:
-        """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value)."""
+             indent: int = 4, log2: bool = False, printer: str = "fwd") -> str:
+        """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
+
+        printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers).
+        """
         out: list[str] = []
         names = {}
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
-        text = triton_expr(expr, names)
+        text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names)
         if log2:  # log-gate in log2 units; per-token floor of -64 (a factor 2^-64, i.e. 0 to fp32 precision): -inf stays finite
             text = f"tl.maximum(({text}) * {RCP_LN2!r}, -64.0)"
         if side is None:
@@ -265,8 +270,143 @@ def _context(ir: IR) -> dict:
         k_sym=sp.Symbol("k", real=True),
         diag=diag,
         norm_eps=repr(ir.norm_eps),
+        dptrs=", ".join(f"dx_{d.name}" for d in ir.inputs),
+        normalize=list(ir.normalize),
     )
+    grad_code, parts = _input_grad_code(ir, em)
+    ctx.update(grad_code=grad_code, parts=parts)
+    if diag is not None:
+        ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx
+
+
+# --------------------------------------------------------------------------------------------------
+# Backward: the chain rule from the chunk operands to the inputs (stage `inputs` of the backward)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Part:
+    """A chunk operand whose adjoint a backward stage leaves in `buffer`: d x += ∂expr/∂x · adjoint."""
+
+    name: str
+    expr: sp.Expr
+    side: str | None  # None (per token), 'key' or 'value'
+    load: str  # the statement that loads the adjoint into a_<name>
+
+
+def _diff(expr: sp.Expr, name: str) -> sp.Expr:
+    """d expr / d (every free symbol called `name`: symbols may differ only in their assumptions)."""
+    out = sp.Integer(0)
+    for s in expr.free_symbols:
+        if s.name == name:
+            out += sp.diff(expr, s)
+    return sp.together(out) if out != 0 else out
+
+
+def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", extra: str = "") -> str:
+    if side is None:
+        return f"tl.load({buf} + rows * {heads} + {head}, mask=m_r{extra}, other=0.)"
+    dim, o, m = ("DK", "o_k", "m_rk") if side == "key" else ("DV", "o_v", "m_rv")
+    return f"tl.load({buf} + (rows[:, None] * {heads} + {head}) * {dim} + {o}[None, :], mask={m}{extra}, other=0.)"
+
+
+def _parts(ir: IR, em: _Emitter) -> list[_Part]:
+    s = ir.solve
+    q, k = sp.Symbol("q", real=True), sp.Symbol("k", real=True)
+    delta = not ir.structure.additive
+    parts = [_Part("q", q, "key", "a_q = " + _tok("aq_buf", "key"))]
+    if ir.decay.log_gate is not None:
+        side = "key" if ir.decay.kind == "vector" else None
+        parts.append(_Part("lg", ir.decay.log_gate, side, "a_lg = " + _tok("ag_buf", side)))
+    if delta or s.beta != 1:
+        parts.append(_Part("beta", s.beta, None, "a_beta = " + _tok("abeta_buf", None)))
+    parts.append(_Part("z", s.target, "value", "a_z = " + _tok("az_buf", "value")))
+    if delta:
+        assert s.erase_key is not None
+        parts.append(_Part("e", s.erase_key, "key", "a_e = " + _tok("ae_buf", "key")))
+    parts.append(_Part("a", s.write_key, "key", "a_a = " + _tok("aa_buf", "key")))
+    diag = ir.precond.diag
+    if diag is not None:
+        hp = "i_h" if em.kt_heads == "key" else "i_hv"
+        nh = "H" if em.kt_heads == "key" else "HV"
+        first = " & (i_hv % G == 0)" if em.kt_heads == "key" else ""
+        dwk = _diff(s.write_key, KTILDE.name)
+        load = (em.tile("d_wkt", dwk, "key", "rows", "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
+        parts.append(_Part("kt", diag.map * k, "key", load))
+        inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
+        parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first)))
+        if diag.decay is not None:
+            parts.append(_Part("pdec", diag.decay, None, "a_pdec = " + _tok("apdec_buf", None, nh, hp, first)))
+    if ir.read.kind == "curvature":
+        assert ir.read.lam is not None
+        parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key")))
+        parts.append(_Part("lam", ir.read.lam, None, "a_lam = " + _tok("alam_buf", None)))
+    return parts
+
+
+_REDUCE = {  # (input shape, part side) -> how a term [BT] / [BT, BK] / [BT, BV] becomes the input's shape
+    ("token", None): "{t}", ("token", "key"): "tl.sum({t}, 1)", ("token", "value"): "tl.sum({t}, 1)",
+    ("key", "key"): "{t}", ("value", "value"): "{t}",
+    ("param", None): "tl.sum({t}, 0)", ("param", "key"): "tl.sum(tl.sum({t}, 1), 0)",
+    ("param", "value"): "tl.sum(tl.sum({t}, 1), 0)",
+    ("param_key", "key"): "tl.sum({t}, 0)", ("param_value", "value"): "tl.sum({t}, 0)",
+}
+_ZERO = {"token": "tl.zeros([BT], dtype=tl.float32)", "key": "tl.zeros([BT, BK], dtype=tl.float32)",
+         "value": "tl.zeros([BT, BV], dtype=tl.float32)", "param": "0.0",
+         "param_key": "tl.zeros([BK], dtype=tl.float32)", "param_value": "tl.zeros([BV], dtype=tl.float32)"}
+
+
+def _input_grad_code(ir: IR, em: _Emitter) -> tuple[str, list[_Part]]:
+    """The body of the `inputs` backward stage: adjoint loads, then one gradient per input."""
+    saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
+    try:
+        parts = _parts(ir, em)
+        lines: list[str] = []
+        if ir.precond.kind == "diag":
+            hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
+            lines.append(f"b_stat = tl.load(stat_buf + (rows[:, None] * {nh} + {hp}) * DK + o_k[None, :], "
+                         "mask=m_rk, other=0.)")
+        lines += [p.load for p in parts]
+        for d in ir.inputs:
+            role = {"key": "key", "value": "value", None: "token"}[d.vector]
+            shape = ("param" if role == "token" else f"param_{role}") if d.is_param else role
+            g = f"g_{d.name}"
+            lines.append(f"# d {d.name}")
+            lines.append(f"{g} = {_ZERO[shape]}")
+            for p in parts:
+                dx = _diff(p.expr, d.name)
+                if dx == 0:
+                    continue
+                key = (shape, p.side)
+                if key not in _REDUCE:
+                    raise NotImplementedError(f"gradient of {d.name} ({shape}) through the {p.side or 'per-token'} "
+                                              f"part {p.name}")
+                if dx == 1:
+                    term = f"a_{p.name}"
+                else:
+                    var = f"d_{d.name}_{p.name}"
+                    lines.append(em.tile(var, dx, p.side, "rows", "m_r", "BT", printer="bwd"))
+                    term = f"{var} * a_{p.name}"
+                lines.append(f"{g} += " + _REDUCE[key].format(t=term))
+            if d.name in ir.normalize:  # y = x / sqrt(|x|² + eps): dx = rstd (dy − y (y · dy))
+                lines.append(f"x_{d.name} = tl.load(p_{d.name} + (rows[:, None] * {'H' if d.heads == 'key' else 'HV'} + "
+                             f"{'i_h' if d.heads == 'key' else 'i_hv'}) * DK + o_k[None, :], mask=m_rk, other=0.)"
+                             ".to(tl.float32)")
+                lines.append(f"r_{d.name} = tl.rsqrt(tl.sum(x_{d.name} * x_{d.name}, 1) + {ir.norm_eps!r})[:, None]")
+                lines.append(f"y_{d.name} = x_{d.name} * r_{d.name}")
+                lines.append(f"{g} = r_{d.name} * ({g} - y_{d.name} * tl.sum(y_{d.name} * {g}, 1)[:, None])")
+            dim, o, m = {"token": ("", "", "m_r"), "key": ("DK", "o_k", "m_rk"), "value": ("DV", "o_v", "m_rv"),
+                         "param": ("", "", None), "param_key": ("DK", "o_k", "m_k"),
+                         "param_value": ("DV", "o_v", "m_v")}[shape]
+            if d.is_param:
+                row = "i_c.to(tl.int64) * HV + i_hv"
+                ptr = f"dx_{d.name} + " + (f"({row}) * {dim} + {o}" if dim else f"{row}")
+            else:
+                ptr = f"dx_{d.name} + " + (f"(rows[:, None] * HV + i_hv) * {dim} + {o}[None, :]" if dim
+                                           else "rows * HV + i_hv")
+            lines.append(f"tl.store({ptr}, {g}" + (f", mask={m})" if m else ")"))
+        return "\n    ".join(lines), parts
+    finally:
+        em.q_override = saved
 
 
 def _ir_comment(ir: IR) -> str:
