@@ -64,6 +64,24 @@ def reference_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, dS: torch
     return {n: t.grad for n, t in xr.items()}
 
 
+def kernel_times(step) -> dict[str, float]:  # noqa: ANN001
+    """CUDA time per kernel name (ms, summed over launches) of one call of `step`, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" or getattr(ev, "self_device_time_total", 0) > 0:
+            t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+            if t:
+                times[ev.key[:60]] = round(t / 1000, 3)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1])[:14])
+
+
 def main() -> int:
     import triton
     import triton.testing
@@ -82,6 +100,7 @@ def main() -> int:
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--no-bypass-fla-guard", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true", help="per-kernel CUDA times of one dgps (and FLA) fwd+bwd step")
     args = p.parse_args()
     B, T, H, D = args.B, args.T, args.H, args.D
     if not args.no_bypass_fla_guard:
@@ -101,7 +120,7 @@ def main() -> int:
         gen = torch.Generator(device="cuda").manual_seed(1)
         do = torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
         dS = torch.randn(B, H, D, D, device="cuda", generator=gen) * 0.01
-        row = {"system": name, "dgps_forward_path": pkg.METADATA["forward"], "dgps_backward_path": "recurrent"}
+        row = {"system": name, "dgps_forward_path": pkg.METADATA["forward"], "dgps_backward_path": pkg.METADATA["backward"]}
 
         def dgps_step(x=x, pkg=pkg, do=do, dS=dS) -> dict[str, torch.Tensor]:
             xg = {k: v.detach().requires_grad_(True) for k, v in x.items()}
@@ -136,6 +155,10 @@ def main() -> int:
                 row["fla_guard_bypassed"] = name in GATED and not args.no_bypass_fla_guard
             except Exception as e:  # noqa: BLE001 - report FLA's refusal instead of dying
                 row["fla_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if args.profile:
+            row["dgps_kernels_ms"] = kernel_times(dgps_step)
+            if fla_grads is not None:
+                row["fla_kernels_ms"] = kernel_times(fla_step)
         if not args.no_reference:
             ref = reference_grads(rec, x, do, dS, args.segment)
             row["dgps_grad_err"] = {k: rel(grads[k], ref[k]) for k in ref if grads.get(k) is not None}
@@ -144,6 +167,8 @@ def main() -> int:
             del ref
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if args.json:  # after every system, so a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
         torch.cuda.empty_cache()
     by = {r["system"]: r for r in rows}
     for sysname, base in (("ccq_gdn", "gdn"), ("pgdn", "gdn"), ("pkda", "kda")):

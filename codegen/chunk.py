@@ -123,6 +123,18 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
     return True, ""
 
 
+def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
+    """(True, '') when the chunk module also carries the chunked backward for `ir`; else (False, reason)."""
+    ok, why = supports_chunk(ir)
+    if not ok:
+        return ok, why
+    try:
+        _input_grad_code(ir, _Emitter(ir))
+    except (NotImplementedError, ValueError, KeyError) as exc:
+        return False, str(exc)
+    return True, ""
+
+
 class _AnyName(dict):
     def __missing__(self, key: str) -> str:
         return key
@@ -273,8 +285,11 @@ def _context(ir: IR) -> dict:
         dptrs=", ".join(f"dx_{d.name}" for d in ir.inputs),
         normalize=list(ir.normalize),
     )
-    grad_code, parts = _input_grad_code(ir, em)
-    ctx.update(grad_code=grad_code, parts=parts)
+    try:
+        grad_code, parts = _input_grad_code(ir, em)
+        ctx.update(backward=True, grad_code=grad_code, parts=parts)
+    except (NotImplementedError, ValueError, KeyError) as exc:
+        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[])
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx

@@ -3,7 +3,7 @@
     spec.dgps       the spec text
     recurrent.py    the recurrent kernel (decode, and the forward where no chunk form is emitted)
     backward.py     the recurrent backward kernel (every gradient; checkpointed recompute)
-    chunk.py        the chunked forward kernels (when the chunk plan is supported)
+    chunk.py        the chunked forward and backward kernels (when the chunk plan is supported)
     metadata.json   spec hash, dgps/triton versions, which forward path and why
     __init__.py     forward / decode / reference entry points taking the spec's inputs by name
 """
@@ -22,7 +22,7 @@ from .. import __version__ as DGPS_VERSION
 from ..runtime.api import Recurrence
 from ..runtime.reference import state_shapes
 from ..runtime.tensors import Dims
-from .chunk import render_chunk, supports_chunk
+from .chunk import render_chunk, supports_chunk, supports_chunk_backward
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
 
@@ -65,6 +65,7 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
     """File name -> text. Deterministic: the same spec and versions give byte-identical files."""
     ir = rec.ir
     chunk_ok, chunk_why = supports_chunk(ir)
+    bwd_ok, bwd_why = supports_chunk_backward(ir)
     files = {"spec.dgps": rec.source if rec.source.endswith("\n") else rec.source + "\n"}
     files["recurrent.py"] = render_recurrent(ir)
     files["backward.py"] = render_recurrent_backward(ir)
@@ -85,6 +86,8 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
         "triton_version": triton.__version__,
         "forward": "chunk" if chunk_ok else "recurrent",
         "forward_reason": "" if chunk_ok else chunk_why,
+        "backward": "chunk" if bwd_ok else "recurrent",
+        "backward_reason": "" if bwd_ok else bwd_why,
         "inputs": {d.name: {"role": d.role, "domain": d.domain, "shape": d.shape_text(), "default": d.default}
                    for d in ir.inputs},
         "states": states,
@@ -98,6 +101,9 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
         forward_path="chunked" if chunk_ok else "recurrent",
         forward_reason=f"No chunk form emitted: {chunk_why}",
         has_chunk=chunk_ok,
+        has_chunk_backward=bwd_ok,
+        backward_path="chunked" if bwd_ok else "recurrent",
+        backward_reason=f"No chunked backward emitted: {bwd_why}",
         input_names=repr(tuple(names)),
         state_names=repr(tuple(states)),
         input_list=required + optional,

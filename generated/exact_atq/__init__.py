@@ -81,6 +81,7 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
+    # No chunked backward emitted: exact (Gram-inverse) preconditioner: chunkwise Cholesky form not generated
     g_in, g_state = backward.recurrent_backward(
         {"q": q, "k": k, "v": v}, initial_state={"S": state_S, "P": state_P}, do=do, d_final_state=d_states, d_route=d_route,
         cu_seqlens=cu_seqlens, scale=scale,
@@ -134,7 +135,7 @@ def forward(
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
-    Differentiable with respect to every input, param and initial state (recurrent backward kernel).
+    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v))
     ranges = check_cu_seqlens(cu_seqlens, dims)
