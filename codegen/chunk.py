@@ -275,6 +275,7 @@ def _context(ir: IR) -> dict:
         BT=BT,
         BC=BC,
         NC=BT // BC,
+        levels=[BT >> i for i in range(BT.bit_length() - 1)],  # 64, 32, ..., 2
         RCP_LN2=repr(RCP_LN2),
         q_sym=sp.Symbol("q", real=True),
         q_raw_sym=sp.Symbol("q__raw", real=True),

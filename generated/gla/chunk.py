@@ -439,7 +439,9 @@ def chunk_bwd_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    m_le = o_t[:, None] >= o_t[None, :]
+    # (Q̂⋆A)ᵀ is formed directly: Triton 3.6 miscompiles tl.trans of a computed tile into a bf16 dot at
+    # 8 warps / 1 stage on sm_90 (illegal memory access)
+    m_ge = o_t[:, None] <= o_t[None, :]
     p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
     b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
@@ -461,10 +463,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+            b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
             b_qf = b_q * tl.exp2(b_g)
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)[:, None]
@@ -488,10 +490,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+            b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
             b_qf = b_q * tl.exp2(b_g)
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)[:, None]
@@ -565,47 +567,66 @@ def chunk_bwd_grad_kernel(
         tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rv)
     # output scores Q̂ ⋆ A
     b_ds = tl.where(m_le, b_ds * scale, 0.)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_da = tl.zeros([BT, BK], dtype=tl.float32)
-    # off-diagonal sub-blocks: one matmul each, through a reference b between the two blocks (exponents ≤ 0)
-    p_ref = t0 + 15
-    b_ref = tl.load(g_buf + (p_ref * HV + i_hv) * DK + o_k, mask=m_k & (p_ref < eos), other=0.)
-    m_row = (o_t >= 16) & (o_t < 32)
-    b_yf = tl.where((o_t < 16)[:, None], b_a * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    b_dq += tl.where(m_row[:, None], _mm(tl.where(m_row[:, None], b_ds, 0.), b_yf, DT_ID) * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    m_col = (o_t >= 0) & (o_t < 16)
-    b_xf = tl.where((o_t >= 16)[:, None], b_q * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    b_da += tl.where(m_col[:, None], _mm(tl.trans(tl.where(m_col[None, :], b_ds, 0.)), b_xf, DT_ID) * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    p_ref = t0 + 31
-    b_ref = tl.load(g_buf + (p_ref * HV + i_hv) * DK + o_k, mask=m_k & (p_ref < eos), other=0.)
-    m_row = (o_t >= 32) & (o_t < 48)
-    b_yf = tl.where((o_t < 32)[:, None], b_a * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    b_dq += tl.where(m_row[:, None], _mm(tl.where(m_row[:, None], b_ds, 0.), b_yf, DT_ID) * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    m_col = (o_t >= 16) & (o_t < 32)
-    b_xf = tl.where((o_t >= 32)[:, None], b_q * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    b_da += tl.where(m_col[:, None], _mm(tl.trans(tl.where(m_col[None, :], b_ds, 0.)), b_xf, DT_ID) * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    p_ref = t0 + 47
-    b_ref = tl.load(g_buf + (p_ref * HV + i_hv) * DK + o_k, mask=m_k & (p_ref < eos), other=0.)
-    m_row = (o_t >= 48) & (o_t < 64)
-    b_yf = tl.where((o_t < 48)[:, None], b_a * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    b_dq += tl.where(m_row[:, None], _mm(tl.where(m_row[:, None], b_ds, 0.), b_yf, DT_ID) * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    m_col = (o_t >= 32) & (o_t < 48)
-    b_xf = tl.where((o_t >= 48)[:, None], b_q * tl.exp2(tl.minimum(b_g - b_ref[None, :], 0.)), 0.)
-    b_da += tl.where(m_col[:, None], _mm(tl.trans(tl.where(m_col[None, :], b_ds, 0.)), b_xf, DT_ID) * tl.exp2(tl.minimum(b_ref[None, :] - b_g, 0.)), 0.)
-    # diagonal sub-blocks, token-pairwise: row t pairs with column p = (t // BC) * BC + jj of its own block
-    for jj in range(0, BC):
-        o_p = (o_t // BC) * BC + jj
-        rows_p = t0 + o_p
-        m_p = rows_p < eos
-        b_gp = tl.load(g_buf + (rows_p[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.)
-        _b_yp_k = tl.load(p_k + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_yp = tl.where(m_p[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_yp_k, 0.)
-        _b_xp_q = tl.load(p_q + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_xp = tl.where(m_p[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_xp_q, 0.)
-        s_row = tl.sum(tl.where(o_t[None, :] == o_p[:, None], b_ds, 0.), 1)
-        s_col = tl.sum(tl.where(o_t[:, None] == o_p[None, :], b_ds, 0.), 0)
-        b_dq += tl.where((o_p <= o_t)[:, None], s_row[:, None] * b_yp * tl.exp2(tl.minimum(b_g - b_gp, 0.)), 0.)
-        b_da += tl.where((o_p >= o_t)[:, None], s_col[:, None] * b_xp * tl.exp2(tl.minimum(b_gp - b_g, 0.)), 0.)
+    # Hierarchical sub-chunk references (chunkwise.md §3, applied recursively): at level s the pairs are
+    # (t in the second half, j in the first half) of one s-token block; with r = b at the block's middle,
+    # e^{b_t − b_j} = e^{b_t − r} e^{r − b_j}, both ≤ 1, so each level is one masked matmul per side.
+    b_dd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_ds, 0.), 1)
+    b_dq = b_dd[:, None] * b_a
+    b_da = b_dd[:, None] * b_q
+    o_ref = (o_t // 64) * 64 + 31
+    m_hi = (o_t % 64) >= 32
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 64) == (o_t[None, :] // 64)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    o_ref = (o_t // 32) * 32 + 15
+    m_hi = (o_t % 32) >= 16
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 32) == (o_t[None, :] // 32)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    o_ref = (o_t // 16) * 16 + 7
+    m_hi = (o_t % 16) >= 8
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 16) == (o_t[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    o_ref = (o_t // 8) * 8 + 3
+    m_hi = (o_t % 8) >= 4
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 8) == (o_t[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    o_ref = (o_t // 4) * 4 + 1
+    m_hi = (o_t % 4) >= 2
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 4) == (o_t[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    o_ref = (o_t // 2) * 2 + 0
+    m_hi = (o_t % 2) >= 1
+    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+    b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
+    b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
+    b_dsl = tl.where(((o_t[:, None] // 2) == (o_t[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
 
     b_dq += b_dqh * (scale * b_eb)
     b_das = b_das * b_ecb
@@ -689,13 +710,14 @@ _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
 
-def _kernels():
-    """(name, kernel, grid kind) in launch order."""
+def _kernels(keep=False):
+    """(name, kernel, grid kind) in launch order; `keep` (the backward's recompute) skips the output stage."""
     ks = []
     ks.append(("chunk_cumsum", chunk_cumsum_kernel, "chunk"))
     ks.append(("interaction", chunk_interaction_kernel, "chunk"))
     ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    ks.append(("output", chunk_output_kernel, "output"))
+    if not keep:
+        ks.append(("output", chunk_output_kernel, "output"))
     return ks
 
 
@@ -826,7 +848,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
                dummy=dummy, dims=dims)
-    run.launch(_kernels())
+    run.launch(_kernels(keep))
     final = None
     if output_final_state:
         final = {"S": s_out}

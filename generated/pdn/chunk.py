@@ -530,7 +530,9 @@ def chunk_bwd_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    m_le = o_t[:, None] >= o_t[None, :]
+    # (Q̂⋆A)ᵀ is formed directly: Triton 3.6 miscompiles tl.trans of a computed tile into a bf16 dot at
+    # 8 warps / 1 stage on sm_90 (illegal memory access)
+    m_ge = o_t[:, None] <= o_t[None, :]
     p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
     b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
@@ -550,15 +552,15 @@ def chunk_bwd_state_kernel(
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
             _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
-            b_s = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID), 0.)
+            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID), 0.)
             b_af = b_a
             b_qf = b_q
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dh = b_dh - _mm(tl.trans(b_w), b_du, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
 
             i_tc -= 1
     else:
@@ -576,15 +578,15 @@ def chunk_bwd_state_kernel(
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
             _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
-            b_s = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID), 0.)
+            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID), 0.)
             b_af = b_a
             b_qf = b_q
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dh = b_dh - _mm(tl.trans(b_w), b_du, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
 
     tl.store(ds0 + p_s, b_dh, mask=m_h)
 # ---- backward stage grads (chunkwise.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
@@ -864,14 +866,15 @@ _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
 
-def _kernels():
-    """(name, kernel, grid kind) in launch order."""
+def _kernels(keep=False):
+    """(name, kernel, grid kind) in launch order; `keep` (the backward's recompute) skips the output stage."""
     ks = []
     ks.append(("precond_diag", chunk_precond_diag_kernel, "seq_hp"))
     ks.append(("interaction", chunk_interaction_kernel, "chunk"))
     ks.append(("wy", chunk_wy_kernel, "chunk"))
     ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    ks.append(("output", chunk_output_kernel, "output"))
+    if not keep:
+        ks.append(("output", chunk_output_kernel, "output"))
     return ks
 
 
@@ -1010,7 +1013,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
                dummy=dummy, dims=dims)
-    run.launch(_kernels())
+    run.launch(_kernels(keep))
     final = None
     if output_final_state:
         final = {"S": s_out}

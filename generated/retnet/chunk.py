@@ -293,7 +293,9 @@ def chunk_bwd_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    m_le = o_t[:, None] >= o_t[None, :]
+    # (Q̂⋆A)ᵀ is formed directly: Triton 3.6 miscompiles tl.trans of a computed tile into a bf16 dot at
+    # 8 warps / 1 stage on sm_90 (illegal memory access)
+    m_ge = o_t[:, None] <= o_t[None, :]
     p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
     b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
@@ -315,10 +317,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_s = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID) * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             b_qf = b_q * tl.exp2(b_g)[:, None]
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)
@@ -342,10 +344,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_s = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID) * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             b_qf = b_q * tl.exp2(b_g)[:, None]
-            b_du = _mm(tl.trans(b_s), b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)
@@ -502,12 +504,13 @@ _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
 
-def _kernels():
-    """(name, kernel, grid kind) in launch order."""
+def _kernels(keep=False):
+    """(name, kernel, grid kind) in launch order; `keep` (the backward's recompute) skips the output stage."""
     ks = []
     ks.append(("chunk_cumsum", chunk_cumsum_kernel, "chunk"))
     ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    ks.append(("output", chunk_output_kernel, "output"))
+    if not keep:
+        ks.append(("output", chunk_output_kernel, "output"))
     return ks
 
 
@@ -637,7 +640,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
                dummy=dummy, dims=dims)
-    run.launch(_kernels())
+    run.launch(_kernels(keep))
     final = None
     if output_final_state:
         final = {"S": s_out}
