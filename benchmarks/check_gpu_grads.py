@@ -9,6 +9,7 @@ TF32-free fp32 accumulation; bf16: ≤ 2e-2). Run with CUDA_LAUNCH_BLOCKING=1 to
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -69,6 +70,13 @@ def main() -> int:
         leaves = {**x64, **{f"state {k}": s64[k] for k in dfin}}
         ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True), strict=True))
         mod = load_chunk(rec.ir)
+        if os.environ.get("DGPS_TRACE_LAUNCH"):  # name each stage and wait for it: localises a faulting kernel
+            def launch(self, kernels, _orig=mod._Run.launch):  # noqa: ANN001, ANN202
+                for k in kernels:
+                    print("launch", k[0], flush=True)
+                    _orig(self, [k])
+                    torch.cuda.synchronize()
+            mod._Run.launch = launch
         gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, d_route=dr)
         torch.cuda.synchronize()
         ours = {**gx, **{f"state {k}": v for k, v in gs.items()}}

@@ -80,7 +80,8 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    g_in, g_state = chunk.chunk_backward(
+    # No chunked backward emitted: residual route: chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)
+    g_in, g_state = backward.recurrent_backward(
         {"q": q, "k": k, "v": v, "g": g, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
         cu_seqlens=cu_seqlens, scale=scale,
     )
@@ -133,7 +134,7 @@ def forward(
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
-    Differentiable with respect to every input, param and initial state (chunked backward kernels).
+    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v, g, beta))
     ranges = check_cu_seqlens(cu_seqlens, dims)

@@ -986,7 +986,8 @@ def launch_config(name, DK, DV):
     if name == "state_pass":
         return min(32, bv_full), (8 if wide else 4), 2
     if name == "bwd_state":
-        return min(32, bv_full), (8 if wide else 4), 1
+        # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
+        return min(32, bv_full), 4, 2
     if name == "bwd_inputs":
         return max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
@@ -1130,6 +1131,10 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n).
     """
+    if ROUTE == "residual" and not os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # Known fault: Triton 3.6's sm_90 build of this reverse state pass (residual route) hits an illegal
+        # memory access; the package uses the recurrent backward for this spec until that is resolved.
+        raise NotImplementedError(f"{NAME}: the chunked backward of a residual route is interpreter-only for now")
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
