@@ -1,4 +1,4 @@
-"""Chunked (block-parallel) Triton forward kernels for the tied DGPS families, rendered from Jinja2.
+"""Chunked (block-parallel) Triton forward and backward kernels for the tied DGPS families, from Jinja2.
 
 `render_chunk(ir)` returns the full source of a self-contained Python module: Triton kernels for the
 stages of chunkwise.md §7 plus host code whose `chunk_forward(inputs, ...)` returns a
@@ -18,6 +18,17 @@ Stages (the names of the chunk plan; each is a named block in codegen/templates/
     wy                   W = T(E⊙e^B), Ũ = T Z
     state_pass           sequential over chunks: H_n, U = Ũ − W H_n (delta) or βZ (additive)
     output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual: Z − (E⊙e^B)H_n − L'U)
+
+Backward stages (chunkwise.md §8; `chunk_backward(...)` recomputes the forward's chunk buffers first):
+
+    bwd_state_pass       reverse over chunks: dU = scale (Q̂⋆A)ᵀdO + (A⊙e^{b_c−B}) dH_{n+1},
+                         dH_n = e^{b_c} dH_{n+1} + scale (Q̂⊙e^B)ᵀ dO − Wᵀ dU (+ residual-route terms)
+    bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
+                         (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; decayed score pairs with
+                         hierarchical sub-chunk references; dg = reverse cumsum of db)
+    bwd_curvature_query  CCQ: reverse over chunks with a dk×dk carry (anti-causal linear attention)
+    bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
+    bwd_inputs           the chain rule to every input and param (sympy derivatives), L2-norm backward
 
 Generated code only uses exp2 of non-positive arguments: scalar decay uses the c×c mask form,
 vector decay uses sub-chunk (16-token) reference points (chunkwise.md §3).

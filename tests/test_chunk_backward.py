@@ -99,6 +99,11 @@ def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int 
     assert set(gs) == set(dfinal), f"{name}: state gradients for {sorted(gs)}, states {sorted(dfinal)}"
     ours = {**gx, **{f"state {k}": v for k, v in gs.items()}}
     tol = TOL_FP32 if dtype == torch.float32 else TOL_BF16
+    # With log-gates near −40 every path to a gate carries a factor e^{g} ≈ 1e-17, so the true gate gradient
+    # is ~1e-17 and any fp32 form leaves cancellation noise far above it: gates are then held to the
+    # tolerance times the scale of the other gradients, not to their own vanishing norm.
+    gates = {d.name for d in rec.ir.inputs if d.domain == "log_gate" and not d.is_param} if gate_shift else set()
+    scale_other = max((w.norm().item() for k, w in ref.items() if k not in gates and w is not None), default=1.0)
     worst = 0.0
     for k, want in ref.items():
         got = ours[k]
@@ -106,6 +111,11 @@ def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int 
         assert got.shape == like.shape and got.dtype == like.dtype, f"{name} d{k}: {got.shape} {got.dtype}"
         assert torch.isfinite(got).all(), f"{name} d{k}: non-finite entries (unwritten gradient?)"
         want = torch.zeros_like(got, dtype=torch.float64) if want is None else want
+        if k in gates:
+            err = (got.double() - want).norm().item() / scale_other
+            assert want.norm().item() < 1e-12 * scale_other, f"{name} d{k}: the gate gradient is not vanishing"
+            assert err <= tol, f"{name} d{k}: error {err:.2e} of the other gradients' scale > {tol:g}"
+            continue
         err = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
         assert err <= tol, f"{name} d{k}: relative error {err:.2e} > {tol:g}"
         worst = max(worst, err)
@@ -143,7 +153,8 @@ def test_gradients_t1(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["kda", "gla", "gdn"])
 def test_strong_gates(name: str) -> None:
-    # log-gates around −40 per token: e^b underflows inside a chunk; every factor must stay finite
+    # log-gates around −40 per token: e^b underflows inside a chunk; every factor must stay finite and every
+    # gradient but the (vanishing) gate's must meet the fp32 tolerance
     check_gradients(name, T=80, gate_shift=-40.0)
 
 
