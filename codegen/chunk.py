@@ -46,6 +46,7 @@ import jinja2
 import sympy as sp
 
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
+from ..compiler.plan import build_backward_plan, build_plan
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -134,6 +135,16 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
     return True, ""
 
 
+# backward plan stage kind -> (launch-config name, kernel, grid kind)
+_BWD_KERNELS = {
+    "bwd_state_pass": ("bwd_state", "chunk_bwd_state_kernel", "state"),
+    "bwd_grads": ("bwd_grads", "chunk_bwd_grad_kernel", "chunk"),
+    "bwd_curvature_query": ("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv"),
+    "bwd_precond_diag": ("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp"),
+    "bwd_inputs": ("bwd_inputs", "chunk_bwd_inputs_kernel", "chunk"),
+}
+
+
 def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
     """(True, '') when the chunk module also carries the chunked backward for `ir`; else (False, reason)."""
     ok, why = supports_chunk(ir)
@@ -143,6 +154,8 @@ def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
         _input_grad_code(ir, _Emitter(ir))
     except (NotImplementedError, ValueError, KeyError) as exc:
         return False, str(exc)
+    if build_backward_plan(build_plan(ir, BT, BC)) is None:
+        return False, "the chunk plan has no chunked backward for this family"
     return True, ""
 
 
@@ -299,7 +312,12 @@ def _context(ir: IR) -> dict:
     )
     try:
         grad_code, parts = _input_grad_code(ir, em)
-        ctx.update(backward=True, grad_code=grad_code, parts=parts)
+        bplan = build_backward_plan(build_plan(ir, BT, BC))
+        if bplan is None:
+            raise NotImplementedError("the chunk plan has no chunked backward for this family")
+        # the backward kernels, in the backward plan's launch order
+        ctx.update(backward=True, grad_code=grad_code, parts=parts,
+                   bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()])
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[])
     if diag is not None:

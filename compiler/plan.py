@@ -562,6 +562,124 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     return plan
 
 
+# --- the backward plan (chunkwise.md §8): store inputs, recompute the rest, reverse the stages ------------
+BACKWARD_KINDS = ("bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_precond_diag", "bwd_inputs")
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardPlan:
+    """What the chunked backward keeps, what it recomputes and which stages it runs, in launch order.
+
+    saved:      operands kept from the forward call (the spec's inputs and initial states only);
+    recomputed: forward stages rerun at the start of the backward, with the chunk buffers they leave
+                (H_n, U, the solve's Ai, W, Ũ, L', the statistic, q̂) kept for the backward stages;
+    stages:     the backward stages; each reads adjoints produced by earlier ones (or given: dO, the
+                final-state and route gradients) and the recomputed forward operands named in `reads`.
+    """
+
+    name: str
+    saved: tuple[str, ...]
+    recomputed: tuple[str, ...]
+    stages: tuple[Stage, ...]
+
+    def kinds(self) -> list[str]:
+        return [s.kind for s in self.stages]
+
+
+def _bwd_state_pass(p: Plan) -> Stage | None:
+    ins = ["dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
+    outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
+            Operand("dS0", "[N,HV,dk,dv]", "fp32"))
+    reads = ("output.scores", "state_pass.Hn") + (("wy.W",) if p.family == "tied" else ()) + \
+        (("interaction.L",) if p.structure.route == "residual" else ())
+    form = "dU = scale (Q'*A)^T dO + (A e^(b_c-B)) dH_(n+1); dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
+        (" - W^T dU" if p.family == "tied" else "")
+    return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
+                 (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
+
+
+def _bwd_grads(p: Plan) -> Stage | None:
+    delta = p.family == "tied"
+    vec = p.structure.decay == "vector"
+    outs = [Operand("dqp", "[B,T,HV,dk]", "fp32"), Operand("dkw", "[B,T,HV,dk]", "fp32"),
+            Operand("dz", "[B,T,HV,dv]", "fp32")]
+    if delta:
+        outs.append(Operand("dke", "[B,T,HV,dk]", "fp32"))
+    outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
+    if p.structure.decay != "none":
+        outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
+    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.T", "interaction.L") if delta else ())
+    form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
+        ("score pairs by hierarchical sub-chunk references" if vec else "score pairs as masked matmuls") + \
+        ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+    return Stage("bwd_grads", "bwd_grads", ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ()),
+                 tuple(outs), (("form", form), ("reads", reads)))
+
+
+def _bwd_curvature_query(p: Plan) -> Stage | None:
+    if not p.find("curvature_query"):
+        return None
+    outs = (Operand("dq_c", "[B,T,HV,dk]", "fp32"), Operand("dk_c", "[B,T,HV,dk]", "fp32"),
+            Operand("dlam", "[B,T,HV]", "fp32"), Operand("dC0", "[N,H,dk,dk]", "fp32"), Operand("dm0", "[N,H,dk]", "fp32"))
+    return Stage("bwd_curvature_query", "bwd_curvature_query", ("dqp", "dC_final", "dm_final"), outs,
+                 (("form", "anti-causal linear attention with a dk x dk carry"), ("reads", ("curvature_query.C_n",)),
+                  ("sequential", "chunks, reversed")))
+
+
+def _bwd_precond_diag(p: Plan) -> Stage | None:
+    if not p.find("precond_diag"):
+        return None
+    heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
+    outs = (Operand("dinc", f"[B,T,{heads},dk]", "fp32"), Operand("ddec", f"[B,T,{heads}]", "fp32"),
+            Operand("dA0", f"[N,{heads},dk]", "fp32"))
+    return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw", "dA_final"), outs,
+                 (("form", "reverse decayed cumsum of the statistic's adjoint"), ("reads", ("precond_diag.A_t",)),
+                  ("sequential", "chunks, reversed")))
+
+
+def _bwd_inputs(p: Plan) -> Stage | None:
+    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p)) if st is not None
+           for o in st.outputs if o.dims[0] == "B"]
+    outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if not o.name.endswith("0"))
+    return Stage("bwd_inputs", "bwd_inputs", tuple(adj), outs,
+                 (("form", "d x = sum over parts of (d part / d x) * adjoint (sympy), then the L2-norm backward"),))
+
+
+# Order is launch order; each rule decides from the forward plan whether its stage appears.
+BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
+    _bwd_state_pass, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag, _bwd_inputs,
+)
+
+
+def build_backward_plan(plan: Plan) -> BackwardPlan | None:
+    """The chunked backward of `plan`, or None where no chunk backward exists (the exact preconditioner and
+    the untied DPLR family keep the recurrent backward)."""
+    if plan.family == "untied" or plan.find("precond_exact"):
+        return None
+    stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
+    recomputed = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
+    bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages)
+    typecheck_backward(plan, bp)
+    return bp
+
+
+def typecheck_backward(plan: Plan, bp: BackwardPlan) -> None:
+    """Every adjoint a stage consumes is given or produced by an earlier stage; every `reads` names a stage of
+    the forward plan that the backward recomputes."""
+    have = {"dO", "dR", "dS_final", "dA_final", "dC_final", "dm_final"}
+    for st in bp.stages:
+        if st.kind not in BACKWARD_KINDS:
+            raise PlanTypeError(f"{st.name}: unknown backward stage kind {st.kind!r}")
+        for i in st.inputs:
+            if i not in have:
+                raise PlanTypeError(f"{plan.name}: backward stage {st.name} consumes `{i}`, which nothing produces")
+        for r in st.attr("reads", ()):
+            kind = r.split(".")[0]
+            if kind not in plan.kinds():
+                raise PlanTypeError(f"{plan.name}: backward stage {st.name} reads `{r}`, but the plan has no {kind}")
+        have |= set(st.output_names)
+
+
 # --- typechecking (abstract evaluation of shapes, one rule per kind) -----------------------------------
 HEADS = ("H", "HV")
 
@@ -719,6 +837,15 @@ def format_plan(plan: Plan) -> str:
         attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None and k != "bind")
         lines.append(f"  {st.name:<16} {st.kind:<16} ({ins}) -> {outs}" + (f"  {{{attrs}}}" if attrs else ""))
     lines.append("  results: " + ", ".join(f"{r} = {n}" for r, n in plan.outputs))
+    bp = build_backward_plan(plan)
+    if bp is None:
+        lines.append("  backward: recurrent (no chunk backward for this family)")
+        return "\n".join(lines)
+    lines.append("  backward (chunked): saves " + ", ".join(bp.saved) + "; recomputes " + ", ".join(bp.recomputed))
+    for st in bp.stages:
+        outs = ", ".join(str(o) for o in st.outputs)
+        attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None)
+        lines.append(f"  {st.name:<20} ({', '.join(st.inputs)}) -> {outs}  {{{attrs}}}")
     return "\n".join(lines)
 
 

@@ -212,7 +212,7 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
             result.count += 1
             log(f"[{result.count}/{count}] {spec_id(text)} {rec.ir.structure.decay:<6} {rec.ir.solve.spelled:<11} "
                 f"precond={rec.ir.precond.kind:<5} read={rec.ir.read.kind:<9} route={rec.ir.route:<8} "
-                f"forward={pkg.METADATA['forward']:<9} {'ok' if not bad else 'FAIL'}")
+                f"forward={pkg.METADATA['forward']:<9} backward={pkg.METADATA['backward']:<9} {'ok' if not bad else 'FAIL'}")
         if bad:
             result.failures_seen += 1
             raise AssertionError(format_rows(rows))

@@ -405,3 +405,39 @@ def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, va
         cu = [0, *cut, T]
     check(name, B=1 if cu else 2, T=T, H=1, G=G, dk=4, dv=3, chunk=chunk, sub=sub, seed=seed, varlen=cu,
           states=states, strong=strong)
+
+
+# --- the backward plan ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SPECS)
+def test_backward_plan(name):
+    from dgps.compiler.plan import build_backward_plan
+
+    p = plan(name)
+    bp = build_backward_plan(p)
+    ir = rec(name).ir
+    if ir.precond.kind == "exact" or not ir.structure.tied:
+        assert bp is None
+        assert "backward: recurrent" in format_plan(p)
+        return
+    assert bp is not None
+    kinds = bp.kinds()
+    assert kinds[:2] == ["bwd_state_pass", "bwd_grads"] and kinds[-1] == "bwd_inputs"
+    assert ("bwd_curvature_query" in kinds) == (ir.read.kind == "curvature")
+    assert ("bwd_precond_diag" in kinds) == (ir.precond.kind == "diag")
+    # inputs and initial states are all it saves; every forward stage but the output is recomputed
+    assert set(bp.saved) == {o.name for o in p.inputs}
+    assert "output" not in bp.recomputed and "state_pass" in bp.recomputed
+    grads = {o.name for o in bp.stages[-1].outputs}
+    assert grads == {f"grad_{d.name}" for d in ir.inputs}
+    assert "backward (chunked)" in format_plan(p)
+
+
+def test_backward_plan_typecheck_catches_a_missing_adjoint():
+    from dgps.compiler.plan import BackwardPlan, build_backward_plan, typecheck_backward
+
+    p = plan("pgdn")
+    bp = build_backward_plan(p)
+    assert bp is not None
+    without_grads = BackwardPlan(bp.name, bp.saved, bp.recomputed, tuple(s for s in bp.stages if s.kind != "bwd_grads"))
+    with pytest.raises(PlanTypeError, match="consumes `dkw`"):
+        typecheck_backward(p, without_grads)

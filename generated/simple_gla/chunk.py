@@ -661,9 +661,12 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
 
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
-    ks = [("bwd_state", chunk_bwd_state_kernel, "state"), ("bwd_grads", chunk_bwd_grad_kernel, "chunk")]
-    ks.append(("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"))
-    return ks
+    # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
+    return [
+        ("bwd_state", chunk_bwd_state_kernel, "state"),
+        ("bwd_grads", chunk_bwd_grad_kernel, "chunk"),
+        ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
+    ]
 
 
 def _group_sum(g, dim, H, HV):
