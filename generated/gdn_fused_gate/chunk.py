@@ -1005,7 +1005,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n).
     """
-    if ROUTE == "residual" and not os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if ROUTE == "residual" and not interpreted:
         # Known fault: Triton 3.6's sm_90 build of this reverse state pass (residual route) hits an illegal
         # memory access; the package uses the recurrent backward for this spec until that is resolved.
         raise NotImplementedError(f"{NAME}: the chunked backward of a residual route is interpreter-only for now")
