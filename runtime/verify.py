@@ -108,7 +108,7 @@ def format_rows(rows: list[Row]) -> str:
 def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int = 20, H: int = 1, dk: int = 16,
                      dv: int = 16, HV: int | None = None, seed: int = 0, device: str = "cpu") -> list[Row]:
     """Gradients of a random linear loss on o, the final states and the route, through the package's
-    autograd (the generated backward kernel), against float64 autograd through the reference."""
+    autograd (the generated chunked or recurrent backward kernels), against float64 autograd through the reference."""
     inputs = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed, device=device)
     _, dims = check_inputs(rec.ir, inputs)
     gen = torch.Generator().manual_seed(seed + 7)
@@ -132,6 +132,7 @@ def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int
         # No .grad means the loss does not depend on t: e.g. `x - x` in a gate, which sympy folds to 0.
         return t.grad if t.grad is not None else torch.zeros_like(t)
 
-    rows = [Row("backward (generated)", f"d{name}", rel_error(grad(xs[name]), grad(xr[name])), 1e-4) for name in xs]
-    rows.append(Row("backward (generated)", "d state S", rel_error(grad(s0), grad(r0)), 1e-4))
+    path = f"backward ({package.METADATA.get('backward', 'recurrent')})"
+    rows = [Row(path, f"d{name}", rel_error(grad(xs[name]), grad(xr[name])), 1e-4) for name in xs]
+    rows.append(Row(path, "d state S", rel_error(grad(s0), grad(r0)), 1e-4))
     return rows
