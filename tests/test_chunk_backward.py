@@ -1,8 +1,8 @@
 """The generated chunked backward kernels against autograd through the float64 reference (TRITON_INTERPRET=1).
 
 Every spec with a chunk form: the gradient of every input, param and initial state matches torch autograd
-through `reference` run in float64 — fp32 inputs: relative error ‖ours − ref‖ / ‖ref‖ ≤ 1e-4; bf16 inputs:
-relative RMS ≤ 2e-2. T = 150 is three chunks, the last one ragged; layouts rotate through grouped value heads
+through `reference` run in float64 — fp32 inputs: relative error ‖ours − ref‖ / ‖ref‖ ≤ 1e-4; bf16 and fp16
+inputs: relative RMS ≤ 2e-2. T = 150 is three chunks, the last one ragged; layouts rotate through grouped value heads
 (HV = 2H), packed varlen and plain; initial states are random reachable ones and the loss also weights the
 final states and the route output, so gradients flow in through all three. Every backward buffer starts as
 NaN, so an element a kernel fails to write shows up as a non-finite gradient.
@@ -138,6 +138,11 @@ def test_gradients_fp32(name: str, layout: dict) -> None:
 @pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn"])
 def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda"])
+def test_gradients_fp16(name: str) -> None:
+    check_gradients(name, dtype=torch.float16, HV=4)
 
 
 @pytest.mark.parametrize("name", ["gdn2", "pkda", "ccq_gla", "cler_h_kda"])
