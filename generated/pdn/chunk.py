@@ -714,7 +714,7 @@ def chunk_bwd_precond_diag_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < DK
-    m_le = o_t[:, None] >= o_t[None, :]
+    m_ge = o_t[:, None] <= o_t[None, :]
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
     i_tc = n_tc - 1
@@ -748,8 +748,10 @@ def chunk_bwd_precond_diag_kernel(
         b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
         b_c = tl.cumsum(b_c, axis=0)
         b_cl = tl.sum(tl.where(o_t == last, b_c, 0.), 0)
-        b_lam = tl.where(m_le, tl.exp2(tl.minimum(b_c[:, None] - b_c[None, :], 0.)), 0.)
-        b_ab = _mm32(tl.trans(b_lam), b_dst) + tl.exp2(tl.minimum(b_cl - b_c, 0.))[:, None] * b_carry[None, :]
+        # Λᵀ formed directly: tl.trans of a computed tile into an fp32 dot compiles (sm_90, Triton 3.6) to
+        # 32 registers and ~7 KB of spill per thread
+        b_lamt = tl.where(m_ge, tl.exp2(tl.minimum(b_c[None, :] - b_c[:, None], 0.)), 0.)
+        b_ab = _mm32(b_lamt, b_dst) + tl.exp2(tl.minimum(b_cl - b_c, 0.))[:, None] * b_carry[None, :]
         b_ab = tl.where(m_rk, b_ab, 0.)
         tl.store(apdec_buf + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
         b_carry = tl.sum(tl.exp2(b_c)[:, None] * b_dst, 0) + tl.exp2(b_cl) * b_carry
