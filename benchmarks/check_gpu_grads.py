@@ -18,27 +18,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def random_states(rec, dims, N: int, seed: int) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    """Reachable initial states (as tests/test_chunk_backward.py): S arbitrary, A positive, C, m, n key sums."""
-    import torch.nn.functional as F
-
-    from dgps.runtime.reference import state_shapes
-
-    gen = torch.Generator().manual_seed(seed + 7919)
-    keys = F.normalize(torch.randn(N, dims.H, 3, dims.dk, generator=gen, dtype=torch.float64), dim=-1)
-    out = {}
-    for name, shape in state_shapes(rec.ir, dims, N).items():
-        out[name] = {"S": lambda s: 0.5 * torch.randn(s, generator=gen, dtype=torch.float64),
-                     "A": lambda s: 0.1 + 2 * torch.rand(s, generator=gen, dtype=torch.float64),
-                     "C": lambda s: keys.transpose(-1, -2) @ keys,
-                     "m": lambda s: keys.sum(-2)}.get(name, lambda s: torch.full(s, 3.0, dtype=torch.float64))(shape)
-    return {k: v.float() for k, v in out.items()}
-
-
 def main() -> int:
     import dgps
     from dgps.codegen.chunk import load_chunk
-    from dgps.runtime.reference import state_shapes
+    from dgps.runtime.reference import random_states, state_shapes
     from dgps.runtime.tensors import Dims
 
     p = argparse.ArgumentParser()
@@ -56,7 +39,7 @@ def main() -> int:
         rec = dgps.load(str(ROOT / "specs" / f"{name}.dgps"))
         dims = Dims(a.B, a.T, a.H, a.HV, a.D, a.D)
         x = {k: v.to(dtype).cuda() for k, v in rec.random_inputs(a.B, a.T, a.H, a.D, a.D, a.HV, seed=0).items()}
-        st = {k: v.cuda() for k, v in random_states(rec, dims, a.B, 0).items()}
+        st = {k: v.cuda() for k, v in random_states(rec.ir, dims, a.B, 0).items()}
         gen = torch.Generator().manual_seed(1)
         do = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).cuda()
         dfin = {k: torch.randn(s, generator=gen).cuda() for k, s in state_shapes(rec.ir, dims, a.B).items() if k != "n"}

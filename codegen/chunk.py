@@ -45,6 +45,7 @@ from types import ModuleType
 import jinja2
 import sympy as sp
 
+from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
 from ..compiler.plan import build_backward_plan, build_plan
 from .triton_expr import triton_expr
@@ -145,18 +146,38 @@ _BWD_KERNELS = {
 }
 
 
+def _backward_context(ir: IR, em: _Emitter) -> dict:
+    """The template context of the backward kernels; raises NotImplementedError (and the like) where the
+    chunk module cannot carry a chunked backward for `ir`."""
+    grad_code, parts = _input_grad_code(ir, em)
+    bplan = build_backward_plan(build_plan(ir, BT, BC))
+    if bplan is None:
+        raise NotImplementedError("the chunk plan has no chunked backward for this family")
+    # the backward kernels, in the backward plan's launch order
+    return dict(backward=True, grad_code=grad_code, parts=parts, bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()])
+
+
 def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
     """(True, '') when the chunk module also carries the chunked backward for `ir`; else (False, reason)."""
     ok, why = supports_chunk(ir)
     if not ok:
         return ok, why
     try:
-        _input_grad_code(ir, _Emitter(ir))
+        _backward_context(ir, _Emitter(ir))
     except (NotImplementedError, ValueError, KeyError) as exc:
         return False, str(exc)
-    if build_backward_plan(build_plan(ir, BT, BC)) is None:
-        return False, "the chunk plan has no chunked backward for this family"
     return True, ""
+
+
+def chunk_backward_gpu_fault(ir: IR) -> str | None:
+    """Why the chunked backward of `ir` must not run on a GPU (it is then interpreter-only), or None.
+
+    The residual route's reverse state pass is verified under the interpreter, but Triton 3.6's sm_90 build
+    of it faults (illegal memory access); packages differentiate such specs with the recurrent backward.
+    """
+    if ir.route == "residual":
+        return "residual route: the chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)"
+    return None
 
 
 class _AnyName(dict):
@@ -311,15 +332,10 @@ def _context(ir: IR) -> dict:
         normalize=list(ir.normalize),
     )
     try:
-        grad_code, parts = _input_grad_code(ir, em)
-        bplan = build_backward_plan(build_plan(ir, BT, BC))
-        if bplan is None:
-            raise NotImplementedError("the chunk plan has no chunked backward for this family")
-        # the backward kernels, in the backward plan's launch order
-        ctx.update(backward=True, grad_code=grad_code, parts=parts,
-                   bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()])
+        ctx.update(_backward_context(ir, em))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[])
+    ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx
@@ -339,12 +355,8 @@ class _Part:
 
 
 def _diff(expr: sp.Expr, name: str) -> sp.Expr:
-    """d expr / d (every free symbol called `name`: symbols may differ only in their assumptions)."""
-    out = sp.Integer(0)
-    for s in expr.free_symbols:
-        if s.name == name:
-            out += sp.diff(expr, s)
-    return sp.together(out) if out != 0 else out
+    """∂expr/∂name as one fraction (see recurrent_bwd: no difference of two near-equal terms)."""
+    return sp.together(diff_by_name(expr, name))
 
 
 def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", extra: str = "") -> str:

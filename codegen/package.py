@@ -22,7 +22,7 @@ from .. import __version__ as DGPS_VERSION
 from ..runtime.api import Recurrence
 from ..runtime.reference import state_shapes
 from ..runtime.tensors import Dims
-from .chunk import render_chunk, supports_chunk, supports_chunk_backward
+from .chunk import chunk_backward_gpu_fault, render_chunk, supports_chunk, supports_chunk_backward
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
 
@@ -66,11 +66,9 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
     ir = rec.ir
     chunk_ok, chunk_why = supports_chunk(ir)
     bwd_ok, bwd_why = supports_chunk_backward(ir)
-    if bwd_ok and ir.route == "residual":
-        # The chunked backward of a residual route is verified under the interpreter, but Triton 3.6's sm_90
-        # build of its reverse state pass faults (illegal memory access); until that is resolved the
-        # package differentiates with the recurrent backward.
-        bwd_ok, bwd_why = False, "residual route: chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)"
+    fault = chunk_backward_gpu_fault(ir)
+    if bwd_ok and fault is not None:  # packages run on GPUs: such a spec keeps the recurrent backward
+        bwd_ok, bwd_why = False, fault
     files = {"spec.dgps": rec.source if rec.source.endswith("\n") else rec.source + "\n"}
     files["recurrent.py"] = render_recurrent(ir)
     files["backward.py"] = render_recurrent_backward(ir)

@@ -32,6 +32,7 @@ import sympy as sp
 
 from ..compiler import exprs as _exprs
 from ..compiler import ir as _irmod
+from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -145,15 +146,6 @@ class _Builder:
         return False
 
 
-def _diff(expr: sp.Expr, name: str) -> sp.Expr:
-    """d expr / d (every free symbol called `name`: symbols may differ only in assumptions)."""
-    out = sp.Integer(0)
-    for s in expr.free_symbols:
-        if s.name == name:
-            out += sp.diff(expr, s)
-    return out
-
-
 def _reduce(term: str, have: str, want: str) -> str:
     if have == want or have == "s" and want != "s":
         return term
@@ -264,11 +256,11 @@ def _context(ir: IR) -> dict[str, object]:
     derivs: dict[tuple[str, str], sp.Expr] = {}
     for name in wrt:
         for p in parts:
-            dx = _diff(p.expr, name)
+            dx = diff_by_name(p.expr, name)
             if dx != 0:
                 # one fraction: d/dx x (x² + ε)^(-1/2) is ε (x² + ε)^(-3/2), not a difference of two near-equal terms
                 derivs[(name, p.name)] = sp.together(dx).xreplace(reuse)
-    dmap = sp.together(_diff(ir.precond.diag.map, STAT.name)).xreplace(reuse) if ir.precond.kind == "diag" \
+    dmap = sp.together(diff_by_name(ir.precond.diag.map, STAT.name)).xreplace(reuse) if ir.precond.kind == "diag" \
         else sp.Integer(0)
     keys = list(derivs)
     temps, reduced = sp.cse([derivs[k] for k in keys] + [dmap], symbols=sp.numbered_symbols("cse_", real=True))

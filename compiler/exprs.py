@@ -121,6 +121,15 @@ _UNARY: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def diff_by_name(expr: sp.Expr, name: str) -> sp.Expr:
+    """d expr / d (every free symbol called `name`: symbols may differ only in their assumptions)."""
+    out = sp.Integer(0)
+    for s in expr.free_symbols:
+        if s.name == name:
+            out += sp.diff(expr, s)
+    return out
+
+
 def _as_tensor(x: Value, like: torch.Tensor | None) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x

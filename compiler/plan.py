@@ -640,7 +640,8 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B"]
-    outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if not o.name.endswith("0"))
+    states = {name for name, _ in _STATE_OPERANDS.values()}
+    outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name not in states)
     return Stage("bwd_inputs", "bwd_inputs", tuple(adj), outs,
                  (("form", "d x = sum over parts of (d part / d x) * adjoint (sympy), then the L2-norm backward"),))
 

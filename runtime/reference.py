@@ -77,6 +77,32 @@ def initial_states(ir: IR, dims: Dims, N: int, given: torch.Tensor | Mapping[str
     return out
 
 
+def random_states(ir: IR, dims: Dims, N: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random reachable initial states (fp32), for tests and checks: S arbitrary, A positive, P an inverse
+    Gram, C, m, n the sums of three unit keys."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(seed + 7919)
+    keys = F.normalize(torch.randn(N, dims.H, 3, dims.dk, generator=gen, dtype=torch.float64), dim=-1)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in state_shapes(ir, dims, N).items():
+        if name == "S":
+            out[name] = 0.5 * torch.randn(shape, generator=gen, dtype=torch.float64)
+        elif name == "A":
+            out[name] = 0.1 + 2 * torch.rand(shape, generator=gen, dtype=torch.float64)
+        elif name == "P":
+            assert ir.precond.lam is not None
+            gram = ir.precond.lam * torch.eye(dims.dk, dtype=torch.float64) + keys.transpose(-1, -2) @ keys
+            out[name] = torch.linalg.inv(gram)
+        elif name == "C":
+            out[name] = keys.transpose(-1, -2) @ keys
+        elif name == "m":
+            out[name] = keys.sum(-2)
+        else:
+            out[name] = torch.full(shape, 3.0, dtype=torch.float64)
+    return {k: v.float() for k, v in out.items()}
+
+
 def _expand_heads(x: torch.Tensor, G: int, axis: int) -> torch.Tensor:
     return x if G == 1 else x.repeat_interleave(G, dim=axis)
 

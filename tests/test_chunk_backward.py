@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import dgps
 from dgps.codegen.chunk import load_chunk, render_chunk, supports_chunk, supports_chunk_backward
-from dgps.runtime.reference import state_shapes
+from dgps.runtime.reference import random_states, state_shapes
 from dgps.runtime.tensors import Dims, TensorError
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -37,25 +36,6 @@ def load(name: str) -> dgps.Recurrence:
 
 
 CHUNK_SPECS = [n for n in ALL_SPECS if supports_chunk(load(n).ir)[0]]
-
-
-def random_states(rec: dgps.Recurrence, dims: Dims, N: int, seed: int) -> dict[str, torch.Tensor]:
-    """Reachable initial states: S arbitrary, A positive, C, m, n sums of unit keys."""
-    gen = torch.Generator().manual_seed(seed + 7919)
-    keys = F.normalize(torch.randn(N, dims.H, 3, dims.dk, generator=gen, dtype=torch.float64), dim=-1)
-    out: dict[str, torch.Tensor] = {}
-    for name, shape in state_shapes(rec.ir, dims, N).items():
-        if name == "S":
-            out[name] = 0.5 * torch.randn(shape, generator=gen, dtype=torch.float64)
-        elif name == "A":
-            out[name] = 0.1 + 2 * torch.rand(shape, generator=gen, dtype=torch.float64)
-        elif name == "C":
-            out[name] = keys.transpose(-1, -2) @ keys
-        elif name == "m":
-            out[name] = keys.sum(-2)
-        else:
-            out[name] = torch.full(shape, 3.0, dtype=torch.float64)
-    return {k: v.float() for k, v in out.items()}
 
 
 def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int | None = None, dk: int = 16,
@@ -75,7 +55,7 @@ def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int 
             if d.domain == "log_gate" and not d.is_param:
                 x[d.name] = x[d.name] + gate_shift
     x = {k: v.to(dtype) for k, v in x.items()}  # the reference sees the same (rounded) inputs
-    states = random_states(rec, dims, N, seed)
+    states = random_states(rec.ir, dims, N, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, T, HV, dv, generator=gen).to(dtype)
     dfinal = {k: torch.randn(s, generator=gen) for k, s in state_shapes(rec.ir, dims, N).items() if k != "n"}

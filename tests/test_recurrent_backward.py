@@ -18,7 +18,6 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import dgps  # noqa: E402
 from dgps.codegen.recurrent_bwd import (  # noqa: E402
@@ -26,7 +25,7 @@ from dgps.codegen.recurrent_bwd import (  # noqa: E402
     load_recurrent_backward,
     render_recurrent_backward,
 )
-from dgps.runtime.reference import state_shapes  # noqa: E402
+from dgps.runtime.reference import random_states, state_shapes  # noqa: E402
 from dgps.runtime.tensors import Dims, TensorError  # noqa: E402
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
@@ -37,29 +36,6 @@ TOL = 1e-4
 @functools.cache
 def load(name: str) -> dgps.Recurrence:
     return dgps.load(SPECS_DIR / f"{name}.dgps")
-
-
-def random_states(rec: dgps.Recurrence, dims: Dims, N: int, seed: int) -> dict[str, torch.Tensor]:
-    """Reachable initial states: S arbitrary, A positive, P an inverse Gram, C, m, n sums of unit keys."""
-    gen = torch.Generator().manual_seed(seed + 7919)
-    ir = rec.ir
-    out: dict[str, torch.Tensor] = {}
-    keys = F.normalize(torch.randn(N, dims.H, 3, dims.dk, generator=gen, dtype=torch.float64), dim=-1)
-    for name, shape in state_shapes(ir, dims, N).items():
-        if name == "S":
-            out[name] = 0.5 * torch.randn(shape, generator=gen, dtype=torch.float64)
-        elif name == "A":
-            out[name] = 0.1 + 2 * torch.rand(shape, generator=gen, dtype=torch.float64)
-        elif name == "P":
-            gram = ir.precond.lam * torch.eye(dims.dk, dtype=torch.float64) + keys.transpose(-1, -2) @ keys
-            out[name] = torch.linalg.inv(gram)
-        elif name == "C":
-            out[name] = keys.transpose(-1, -2) @ keys
-        elif name == "m":
-            out[name] = keys.sum(-2)
-        else:
-            out[name] = torch.full(shape, 3.0, dtype=torch.float64)
-    return {k: v.float() for k, v in out.items()}
 
 
 def check_gradients(name: str, *, B: int = 2, T: int = 37, H: int = 2, HV: int | None = None, dk: int = 16,
@@ -75,7 +51,7 @@ def check_gradients(name: str, *, B: int = 2, T: int = 37, H: int = 2, HV: int |
     N = len(cu) - 1 if cu is not None else B
     dims = Dims(B, T, H, HV, dk, dv)
     x = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed)
-    states = random_states(rec, dims, N, seed)
+    states = random_states(rec.ir, dims, N, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, T, HV, dv, generator=gen)
     dfinal = {k: torch.randn(s, generator=gen) for k, s in state_shapes(rec.ir, dims, N).items() if k != "n"}

@@ -80,7 +80,7 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    # No chunked backward emitted: residual route: chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)
+    # No chunked backward emitted: residual route: the chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)
     g_in, g_state = backward.recurrent_backward(
         {"q": q, "k": k, "v": v, "g": g, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
         cu_seqlens=cu_seqlens, scale=scale,

@@ -977,11 +977,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n).
     """
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if ROUTE == "residual" and not interpreted:
-        # Known fault: Triton 3.6's sm_90 build of this reverse state pass (residual route) hits an illegal
-        # memory access; the package uses the recurrent backward for this spec until that is resolved.
-        raise NotImplementedError(f"{NAME}: the chunked backward of a residual route is interpreter-only for now")
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
