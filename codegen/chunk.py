@@ -234,10 +234,10 @@ class _Emitter:
             out.append(f"{var} = tl.load({p} + {rows} * {nh} + {hv}, mask={mask}, other=0.).to(tl.float32)")
             return f"{var}[:, None]" if two_d else var
         dim, o, m = ("DK", "o_k", "m_k") if d.vector == "key" else ("DV", "o_v", "m_v")
+        if name in ir.normalize:  # the l2norm stage wrote it once, normalised, in the input dtype
+            p = f"pn_{name}"
         out.append(f"{var} = tl.load({p} + ({rows}[:, None] * {nh} + {hv}) * {dim} + {o}[None, :], "
                    f"mask={mask}[:, None] & {m}[None, :], other=0.).to(tl.float32)")
-        if name in ir.normalize:
-            out.append(f"{var} = {var} * tl.rsqrt(tl.sum({var} * {var}, 1) + {ir.norm_eps!r})[:, None]")
         return var
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
@@ -329,7 +329,9 @@ def _context(ir: IR) -> dict:
         diag=diag,
         norm_eps=repr(ir.norm_eps),
         dptrs=", ".join(f"dx_{d.name}" for d in ir.inputs),
+        nptrs="".join(f", pn_{n}" for n in ir.normalize),
         normalize=list(ir.normalize),
+        norm_heads={n: ir.input(n).heads for n in ir.normalize},
     )
     try:
         ctx.update(_backward_context(ir, em))

@@ -104,6 +104,39 @@ def _mm(a, b, DT_ID: tl.constexpr):
 def _mm32(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
+# ---- stage l2norm: q, k -> x / sqrt(‖x‖² + 1e-06), once, in the input dtype --------
+# Every later stage (forward and backward) reads the normalised rows from pn_<name> with BK-wide loads,
+# so no kernel needs a full key row only to normalise it.
+@triton.jit
+def chunk_l2norm_kernel(
+    p_q, p_k, p_v, p_g, p_beta,
+    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
+    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
+    stat_buf, cn_buf, mn_buf,
+    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
+    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
+    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_p = tl.program_id(1)
+    rows = i_t * BT + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    m_rk = (rows < TT)[:, None] & m_k[None, :]
+    if i_p < H:
+        p_x = (rows[:, None] * H + i_p) * DK + o_k[None, :]
+        b_x = tl.load(p_q + p_x, mask=m_rk, other=0.).to(tl.float32)
+        b_x = b_x * tl.rsqrt(tl.sum(b_x * b_x, 1) + 1e-06)[:, None]
+        tl.store(pn_q + p_x, _round(b_x, DT_ID).to(pn_q.dtype.element_ty), mask=m_rk)
+    if i_p < H:
+        p_x = (rows[:, None] * H + i_p) * DK + o_k[None, :]
+        b_x = tl.load(p_k + p_x, mask=m_rk, other=0.).to(tl.float32)
+        b_x = b_x * tl.rsqrt(tl.sum(b_x * b_x, 1) + 1e-06)[:, None]
+        tl.store(pn_k + p_x, _round(b_x, DT_ID).to(pn_k.dtype.element_ty), mask=m_rk)
 # ---- stage gates + chunk_cumsum: b = chunk-local inclusive cumsum of the log-gate, in log2 units --------
 @triton.jit
 def chunk_cumsum_kernel(
@@ -113,8 +146,8 @@ def chunk_cumsum_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -149,8 +182,8 @@ def chunk_interaction_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -169,82 +202,81 @@ def chunk_interaction_kernel(
     m_lo = o_c[:, None] > o_c[None, :]
     m_le = o_c[:, None] >= o_c[None, :]
     eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
-    # -- row block 0
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
-    _e0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _e0_k = _e0_k * tl.rsqrt(tl.sum(_e0_k * _e0_k, 1) + 1e-06)[:, None]
-    e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e0_k, 0.)
     _beta0_beta = tl.load(p_beta + rb0 * HV + i_hv, mask=mb0, other=0.).to(tl.float32)
     beta0 = tl.where(mb0, tl.zeros([BC], dtype=tl.float32) + _beta0_beta, 0.)
     bg0 = tl.load(g_buf + rb0 * HV + i_hv, mask=mb0, other=0.)
-    _a0_0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a0_0_k = _a0_0_k * tl.rsqrt(tl.sum(_a0_0_k * _a0_0_k, 1) + 1e-06)[:, None]
-    a0_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a0_0_k, 0.)
-    L0_0 = tl.where(m_lo, _mm(e0, tl.trans(a0_0), DT_ID) * tl.exp2(tl.minimum(bg0[:, None] - bg0[None, :], 0.)), 0.)
-    # -- row block 1
+    L0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     rb1 = t0 + 16 + o_c
     mb1 = rb1 < eos
-    _e1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _e1_k = _e1_k * tl.rsqrt(tl.sum(_e1_k * _e1_k, 1) + 1e-06)[:, None]
-    e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e1_k, 0.)
     _beta1_beta = tl.load(p_beta + rb1 * HV + i_hv, mask=mb1, other=0.).to(tl.float32)
     beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + _beta1_beta, 0.)
     bg1 = tl.load(g_buf + rb1 * HV + i_hv, mask=mb1, other=0.)
-    _a1_0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a1_0_k = _a1_0_k * tl.rsqrt(tl.sum(_a1_0_k * _a1_0_k, 1) + 1e-06)[:, None]
-    a1_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a1_0_k, 0.)
-    L1_0 = _mm(e1, tl.trans(a1_0), DT_ID) * tl.exp2(tl.minimum(bg1[:, None] - bg0[None, :], 0.))
-    _a1_1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a1_1_k = _a1_1_k * tl.rsqrt(tl.sum(_a1_1_k * _a1_1_k, 1) + 1e-06)[:, None]
-    a1_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a1_1_k, 0.)
-    L1_1 = tl.where(m_lo, _mm(e1, tl.trans(a1_1), DT_ID) * tl.exp2(tl.minimum(bg1[:, None] - bg1[None, :], 0.)), 0.)
-    # -- row block 2
+    L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
     rb2 = t0 + 32 + o_c
     mb2 = rb2 < eos
-    _e2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _e2_k = _e2_k * tl.rsqrt(tl.sum(_e2_k * _e2_k, 1) + 1e-06)[:, None]
-    e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e2_k, 0.)
     _beta2_beta = tl.load(p_beta + rb2 * HV + i_hv, mask=mb2, other=0.).to(tl.float32)
     beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + _beta2_beta, 0.)
     bg2 = tl.load(g_buf + rb2 * HV + i_hv, mask=mb2, other=0.)
-    _a2_0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a2_0_k = _a2_0_k * tl.rsqrt(tl.sum(_a2_0_k * _a2_0_k, 1) + 1e-06)[:, None]
-    a2_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_0_k, 0.)
-    L2_0 = _mm(e2, tl.trans(a2_0), DT_ID) * tl.exp2(tl.minimum(bg2[:, None] - bg0[None, :], 0.))
-    _a2_1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a2_1_k = _a2_1_k * tl.rsqrt(tl.sum(_a2_1_k * _a2_1_k, 1) + 1e-06)[:, None]
-    a2_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_1_k, 0.)
-    L2_1 = _mm(e2, tl.trans(a2_1), DT_ID) * tl.exp2(tl.minimum(bg2[:, None] - bg1[None, :], 0.))
-    _a2_2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a2_2_k = _a2_2_k * tl.rsqrt(tl.sum(_a2_2_k * _a2_2_k, 1) + 1e-06)[:, None]
-    a2_2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_2_k, 0.)
-    L2_2 = tl.where(m_lo, _mm(e2, tl.trans(a2_2), DT_ID) * tl.exp2(tl.minimum(bg2[:, None] - bg2[None, :], 0.)), 0.)
-    # -- row block 3
+    L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    L2_2 = tl.zeros([BC, BC], dtype=tl.float32)
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
-    _e3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _e3_k = _e3_k * tl.rsqrt(tl.sum(_e3_k * _e3_k, 1) + 1e-06)[:, None]
-    e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e3_k, 0.)
     _beta3_beta = tl.load(p_beta + rb3 * HV + i_hv, mask=mb3, other=0.).to(tl.float32)
     beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + _beta3_beta, 0.)
     bg3 = tl.load(g_buf + rb3 * HV + i_hv, mask=mb3, other=0.)
-    _a3_0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a3_0_k = _a3_0_k * tl.rsqrt(tl.sum(_a3_0_k * _a3_0_k, 1) + 1e-06)[:, None]
-    a3_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_0_k, 0.)
-    L3_0 = _mm(e3, tl.trans(a3_0), DT_ID) * tl.exp2(tl.minimum(bg3[:, None] - bg0[None, :], 0.))
-    _a3_1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a3_1_k = _a3_1_k * tl.rsqrt(tl.sum(_a3_1_k * _a3_1_k, 1) + 1e-06)[:, None]
-    a3_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_1_k, 0.)
-    L3_1 = _mm(e3, tl.trans(a3_1), DT_ID) * tl.exp2(tl.minimum(bg3[:, None] - bg1[None, :], 0.))
-    _a3_2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a3_2_k = _a3_2_k * tl.rsqrt(tl.sum(_a3_2_k * _a3_2_k, 1) + 1e-06)[:, None]
-    a3_2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_2_k, 0.)
-    L3_2 = _mm(e3, tl.trans(a3_2), DT_ID) * tl.exp2(tl.minimum(bg3[:, None] - bg2[None, :], 0.))
-    _a3_3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _a3_3_k = _a3_3_k * tl.rsqrt(tl.sum(_a3_3_k * _a3_3_k, 1) + 1e-06)[:, None]
-    a3_3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_3_k, 0.)
-    L3_3 = tl.where(m_lo, _mm(e3, tl.trans(a3_3), DT_ID) * tl.exp2(tl.minimum(bg3[:, None] - bg3[None, :], 0.)), 0.)
+    L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    # the key channels in BK-wide blocks: every block adds its share of each 16×16 product
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        # -- row block 0
+        _b_e0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
+        b_a0 = b_e0  # tied keys: the erase key is the write key
+        L0_0 += _mm(b_e0, tl.trans(b_a0), DT_ID)
+        # -- row block 1
+        _b_e1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
+        b_a1 = b_e1  # tied keys: the erase key is the write key
+        L1_0 += _mm(b_e1, tl.trans(b_a0), DT_ID)
+        L1_1 += _mm(b_e1, tl.trans(b_a1), DT_ID)
+        # -- row block 2
+        _b_e2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
+        b_a2 = b_e2  # tied keys: the erase key is the write key
+        L2_0 += _mm(b_e2, tl.trans(b_a0), DT_ID)
+        L2_1 += _mm(b_e2, tl.trans(b_a1), DT_ID)
+        L2_2 += _mm(b_e2, tl.trans(b_a2), DT_ID)
+        # -- row block 3
+        _b_e3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
+        b_a3 = b_e3  # tied keys: the erase key is the write key
+        L3_0 += _mm(b_e3, tl.trans(b_a0), DT_ID)
+        L3_1 += _mm(b_e3, tl.trans(b_a1), DT_ID)
+        L3_2 += _mm(b_e3, tl.trans(b_a2), DT_ID)
+        L3_3 += _mm(b_e3, tl.trans(b_a3), DT_ID)
+    # the scalar decay factor e^{b_i − b_j} (≤ 1 on and below the diagonal) and the strict lower mask
+    L0_0 = L0_0 * tl.exp2(tl.minimum(bg0[:, None] - bg0[None, :], 0.))
+    L0_0 = tl.where(m_lo, L0_0, 0.)
+    L1_0 = L1_0 * tl.exp2(tl.minimum(bg1[:, None] - bg0[None, :], 0.))
+    L1_1 = L1_1 * tl.exp2(tl.minimum(bg1[:, None] - bg1[None, :], 0.))
+    L1_1 = tl.where(m_lo, L1_1, 0.)
+    L2_0 = L2_0 * tl.exp2(tl.minimum(bg2[:, None] - bg0[None, :], 0.))
+    L2_1 = L2_1 * tl.exp2(tl.minimum(bg2[:, None] - bg1[None, :], 0.))
+    L2_2 = L2_2 * tl.exp2(tl.minimum(bg2[:, None] - bg2[None, :], 0.))
+    L2_2 = tl.where(m_lo, L2_2, 0.)
+    L3_0 = L3_0 * tl.exp2(tl.minimum(bg3[:, None] - bg0[None, :], 0.))
+    L3_1 = L3_1 * tl.exp2(tl.minimum(bg3[:, None] - bg1[None, :], 0.))
+    L3_2 = L3_2 * tl.exp2(tl.minimum(bg3[:, None] - bg2[None, :], 0.))
+    L3_3 = L3_3 * tl.exp2(tl.minimum(bg3[:, None] - bg3[None, :], 0.))
+    L3_3 = tl.where(m_lo, L3_3, 0.)
     # store L' (the residual route and the backward read it)
     if True:
         tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
@@ -272,14 +304,20 @@ def chunk_interaction_kernel(
     ai2_2 = eye
     nb3 = -beta3[:, None] * L3_3
     ai3_3 = eye
-    for i in range(1, BC):
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
         sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb0, 0.), 0)
         ai0_0 = tl.where(sel, ai0_0 + tl.sum(row[:, None] * ai0_0, 0)[None, :], ai0_0)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb1, 0.), 0)
         ai1_1 = tl.where(sel, ai1_1 + tl.sum(row[:, None] * ai1_1, 0)[None, :], ai1_1)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb2, 0.), 0)
         ai2_2 = tl.where(sel, ai2_2 + tl.sum(row[:, None] * ai2_2, 0)[None, :], ai2_2)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb3, 0.), 0)
         ai3_3 = tl.where(sel, ai3_3 + tl.sum(row[:, None] * ai3_3, 0)[None, :], ai3_3)
     # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ
@@ -322,8 +360,8 @@ def chunk_wy_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -342,17 +380,19 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_e_k = _b_e_k * tl.rsqrt(tl.sum(_b_e_k * _b_e_k, 1) + 1e-06)[:, None]
-    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_e = b_e * b_beta[:, None]
     b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
-    b_e = b_e * tl.exp2(b_g)[:, None]
-    b_w = _mm(b_T, b_e, DT_ID)
-    tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
-             mask=m_r[:, None] & m_k[None, :])
+    b_eg = b_beta * tl.exp2(b_g)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
+        b_e = b_e * b_eg[:, None]
+        b_w = _mm(b_T, b_e, DT_ID)
+        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
@@ -361,7 +401,6 @@ def chunk_wy_kernel(
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
         tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
-
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 @triton.jit
@@ -372,8 +411,8 @@ def chunk_state_pass_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -409,8 +448,7 @@ def chunk_state_pass_kernel(
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_u = b_u - _mm(b_w, b_h, DT_ID)
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
@@ -433,8 +471,7 @@ def chunk_state_pass_kernel(
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_u = b_u - _mm(b_w, b_h, DT_ID)
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
@@ -455,8 +492,8 @@ def chunk_output_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -479,32 +516,36 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0.)
     b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_q_q = _b_q_q * tl.rsqrt(tl.sum(_b_q_q * _b_q_q, 1) + 1e-06)[:, None]
-    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
     b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
-    _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
-    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-    b_o = _mm(b_q, b_h, DT_ID)
-    b_s = _mm(b_q, tl.trans(b_a), DT_ID)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_eh = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        b_o += _mm(b_q, b_h, DT_ID)
+        b_s += _mm(b_q, tl.trans(b_a), DT_ID)
+        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
+        b_e = b_e * tl.exp2(b_g)[:, None]
+        b_eh += _mm(b_e, b_h, DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
     _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
     b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_e_k = _b_e_k * tl.rsqrt(tl.sum(_b_e_k * _b_e_k, 1) + 1e-06)[:, None]
-    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
-    b_e = b_e * tl.exp2(b_g)[:, None]
     b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    b_r = b_z - _mm(b_e, b_h, DT_ID) - _mm(b_l, b_u, DT_ID)
+    b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
     tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
-
 # ---- backward stage state_pass (chunkwise.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1} − L'ᵀ dR
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU − (E ⊙ e^B)ᵀ dR
@@ -516,8 +557,8 @@ def chunk_bwd_state_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -553,11 +594,9 @@ def chunk_bwd_state_kernel(
             tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                      _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_q_q = _b_q_q * tl.rsqrt(tl.sum(_b_q_q * _b_q_q, 1) + 1e-06)[:, None]
+            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
@@ -575,8 +614,7 @@ def chunk_bwd_state_kernel(
             b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_ek_k = _b_ek_k * tl.rsqrt(tl.sum(_b_ek_k * _b_ek_k, 1) + 1e-06)[:, None]
+            _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
             b_ek = b_ek * tl.exp2(b_g)[:, None]
             b_dh = b_dh - _mm(tl.trans(b_ek), b_dr, DT_ID)
@@ -592,11 +630,9 @@ def chunk_bwd_state_kernel(
             tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                      _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_q_q = _b_q_q * tl.rsqrt(tl.sum(_b_q_q * _b_q_q, 1) + 1e-06)[:, None]
+            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
@@ -614,8 +650,7 @@ def chunk_bwd_state_kernel(
             b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            _b_ek_k = _b_ek_k * tl.rsqrt(tl.sum(_b_ek_k * _b_ek_k, 1) + 1e-06)[:, None]
+            _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
             b_ek = b_ek * tl.exp2(b_g)[:, None]
             b_dh = b_dh - _mm(tl.trans(b_ek), b_dr, DT_ID)
@@ -634,8 +669,8 @@ def chunk_bwd_grad_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -656,14 +691,11 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_q_q = _b_q_q * tl.rsqrt(tl.sum(_b_q_q * _b_q_q, 1) + 1e-06)[:, None]
+    _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_a_k = _b_a_k * tl.rsqrt(tl.sum(_b_a_k * _b_a_k, 1) + 1e-06)[:, None]
+    _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_e_k = _b_e_k * tl.rsqrt(tl.sum(_b_e_k * _b_e_k, 1) + 1e-06)[:, None]
+    _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
@@ -762,8 +794,8 @@ def chunk_bwd_inputs_kernel(
     stat_buf, cn_buf, mn_buf,
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_g, dx_beta,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    dx_q, dx_k, dx_v, dx_g, dx_beta, pn_q, pn_k,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -823,12 +855,13 @@ def chunk_bwd_inputs_kernel(
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]
+_NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf") + tuple("dx_" + n for n in _INPUTS)
+            "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -837,6 +870,7 @@ DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten 
 def _kernels(keep=False):
     """(name, kernel, grid kind) in launch order; `keep` (the backward's recompute) skips the output stage."""
     ks = []
+    ks.append(("l2norm", chunk_l2norm_kernel, "rows"))
     ks.append(("chunk_cumsum", chunk_cumsum_kernel, "chunk"))
     ks.append(("interaction", chunk_interaction_kernel, "chunk"))
     ks.append(("wy", chunk_wy_kernel, "chunk"))
@@ -850,33 +884,60 @@ def _next_pow2(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def launch_config(name, DK, DV):
-    """(BV, num_warps, num_stages) per stage; BK is always the padded full key width.
+def _parse_overrides(text):
+    """DGPS_LAUNCH="stage=BK,BV,warps,stages;..." (tuning runs): per-stage settings that replace the table's."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        stage, _, vals = item.partition("=")
+        out[stage.strip()] = tuple(int(v) for v in vals.split(","))
+    return out
 
-    Heuristics (no autotuning yet): full-dk tiles make register pressure the limit, so wide tiles get
-    8 warps and the state pass a narrow BV.
+
+# stage name -> (BK, BV, num_warps, num_stages), applied over launch_config (tuning sweeps set it)
+LAUNCH_OVERRIDES = _parse_overrides(os.environ.get("DGPS_LAUNCH", ""))
+
+
+def launch_config(name, DK, DV):
+    if name in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[name]
+    return _default_launch_config(name, DK, DV)
+
+
+def _default_launch_config(name, DK, DV):
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
+
+    Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
+    state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
+    settings, no autotuning: a first call compiles each kernel once.
     """
     BK = max(16, _next_pow2(DK))
+    bk_block = min(64, BK)
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
+    if name == "l2norm":
+        return BK, bv_full, 4, 1
+    if name == "interaction":
+        if DECAY == "vector":
+            return BK, bv_full, (8 if BK >= 64 else 4), 1
+        return bk_block, bv_full, 4, 1
+    if name == "wy":
+        return bk_block, bv_full, 4, 2
+    if name == "output":
+        return bk_block, bv_full, 4, 2
     if name == "state_pass":
-        return min(32, bv_full), (8 if wide else 4), 2
+        return BK, min(32, bv_full), (8 if wide else 4), 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
-        return min(32, bv_full), 4, 2
+        return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
-        return max(16, _next_pow2(DV)), (8 if wide else 4), 1
+        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
-        return min(32, bv_full), 8 if BK >= 64 else 4, 1
-    if name == "output":
-        return bv_full, (8 if BK >= 64 else 4), 2
-    if name == "interaction":
-        return bv_full, (8 if wide or (BK >= 64 and DECAY == "vector") else 4), 1
+        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
-        return bv_full, (8 if BK >= 64 else 4), 1
-    if name in ("wy", "precond_diag", "curvature_query"):
-        return bv_full, (8 if wide else 4), 1
-    return bv_full, (8 if wide and DECAY == "vector" else 4), 1
+        return BK, bv_full, (8 if BK >= 64 else 4), 1
+    if name in ("precond_diag", "curvature_query"):
+        return BK, bv_full, (8 if wide else 4), 1
+    return BK, bv_full, (8 if wide and DECAY == "vector" else 4), 1
 
 
 def _chunk_layout(lens, device):
@@ -904,12 +965,14 @@ class _Run:
 
     def launch(self, kernels):
         args = ([self.x[n] for n in _INPUTS] + [self.bufs[n] for n in _BUFFERS]
-                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale)])
+                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale), self.TT])
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         for name, kernel, kind in kernels:
-            BV, num_warps, num_stages = launch_config(name, DK, DV)
+            BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
+            elif kind == "rows":
+                grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":
                 grid = (N * HP,)
             elif kind == "seq_hv":
@@ -918,7 +981,7 @@ class _Run:
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
-            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=self.BK, BV=BV,
+            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=BK, BV=BV,
                          DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                          num_warps=num_warps, num_stages=num_stages)
 
@@ -960,6 +1023,8 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     bufs["w_buf"] = torch.empty(TT * HV * DK, dtype=dt, device=device)
     bufs["u_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     bufs["l_buf"] = torch.empty(TT * HV * BT, **f32)
+    for n in _NORMALIZED:
+        bufs["pn_" + n] = torch.empty_like(x[n])
     bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device)

@@ -123,7 +123,7 @@ def chunk_cumsum_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -157,7 +157,7 @@ def chunk_precond_diag_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -219,7 +219,7 @@ def chunk_interaction_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -238,136 +238,140 @@ def chunk_interaction_kernel(
     m_lo = o_c[:, None] > o_c[None, :]
     m_le = o_c[:, None] >= o_c[None, :]
     eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
-    # -- row block 0
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
-    _e0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e0_k, 0.)
     _beta0_beta = tl.load(p_beta + rb0 * HV + i_hv, mask=mb0, other=0.).to(tl.float32)
     beta0 = tl.where(mb0, tl.zeros([BC], dtype=tl.float32) + _beta0_beta, 0.)
-    bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    _q0_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _q0_q, 0.)
-    _a0_0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    a0_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a0_0_ktilde, 0.)
-    # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
     L0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    for j in range(0, BC):
-        sel = o_c == j
-        a_j = tl.sum(tl.where(sel[:, None], a0_0, 0.), 0)
-        g_j = tl.sum(tl.where(sel[:, None], bg0, 0.), 0)
-        a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg0 - g_j[None, :], 0.))
-        L0_0 = tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(e0 * a_dec, 1)[:, None], L0_0)
-        S0_0 = tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(q0 * a_dec, 1)[:, None], S0_0)
-    # -- row block 1
     rb1 = t0 + 16 + o_c
     mb1 = rb1 < eos
-    _e1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e1_k, 0.)
     _beta1_beta = tl.load(p_beta + rb1 * HV + i_hv, mask=mb1, other=0.).to(tl.float32)
     beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + _beta1_beta, 0.)
-    bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    _q1_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _q1_q, 0.)
-    rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 15 < eos), other=0.)
-    dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
-    ef1 = e1 * dq1
-    qf1 = q1 * dq1
-    _a1_0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    a1_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a1_0_ktilde, 0.)
-    af1_0 = a1_0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
-    L1_0 = _mm(ef1, tl.trans(af1_0), DT_ID)
-    S1_0 = _mm(qf1, tl.trans(af1_0), DT_ID)
-    _a1_1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    a1_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a1_1_ktilde, 0.)
-    # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+    L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
     S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    for j in range(0, BC):
-        sel = o_c == j
-        a_j = tl.sum(tl.where(sel[:, None], a1_1, 0.), 0)
-        g_j = tl.sum(tl.where(sel[:, None], bg1, 0.), 0)
-        a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg1 - g_j[None, :], 0.))
-        L1_1 = tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(e1 * a_dec, 1)[:, None], L1_1)
-        S1_1 = tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(q1 * a_dec, 1)[:, None], S1_1)
-    # -- row block 2
     rb2 = t0 + 32 + o_c
     mb2 = rb2 < eos
-    _e2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e2_k, 0.)
     _beta2_beta = tl.load(p_beta + rb2 * HV + i_hv, mask=mb2, other=0.).to(tl.float32)
     beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + _beta2_beta, 0.)
-    bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    _q2_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _q2_q, 0.)
-    rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 31 < eos), other=0.)
-    dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
-    ef2 = e2 * dq2
-    qf2 = q2 * dq2
-    _a2_0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    a2_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_0_ktilde, 0.)
-    af2_0 = a2_0 * tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
-    L2_0 = _mm(ef2, tl.trans(af2_0), DT_ID)
-    S2_0 = _mm(qf2, tl.trans(af2_0), DT_ID)
-    _a2_1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    a2_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_1_ktilde, 0.)
-    af2_1 = a2_1 * tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
-    L2_1 = _mm(ef2, tl.trans(af2_1), DT_ID)
-    S2_1 = _mm(qf2, tl.trans(af2_1), DT_ID)
-    _a2_2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    a2_2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a2_2_ktilde, 0.)
-    # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+    L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
     L2_2 = tl.zeros([BC, BC], dtype=tl.float32)
     S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    for j in range(0, BC):
-        sel = o_c == j
-        a_j = tl.sum(tl.where(sel[:, None], a2_2, 0.), 0)
-        g_j = tl.sum(tl.where(sel[:, None], bg2, 0.), 0)
-        a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg2 - g_j[None, :], 0.))
-        L2_2 = tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(e2 * a_dec, 1)[:, None], L2_2)
-        S2_2 = tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(q2 * a_dec, 1)[:, None], S2_2)
-    # -- row block 3
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
-    _e3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _e3_k, 0.)
     _beta3_beta = tl.load(p_beta + rb3 * HV + i_hv, mask=mb3, other=0.).to(tl.float32)
     beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + _beta3_beta, 0.)
-    bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    _q3_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _q3_q, 0.)
-    rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 47 < eos), other=0.)
-    dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
-    ef3 = e3 * dq3
-    qf3 = q3 * dq3
-    _a3_0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    a3_0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_0_ktilde, 0.)
-    af3_0 = a3_0 * tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
-    L3_0 = _mm(ef3, tl.trans(af3_0), DT_ID)
-    S3_0 = _mm(qf3, tl.trans(af3_0), DT_ID)
-    _a3_1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    a3_1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_1_ktilde, 0.)
-    af3_1 = a3_1 * tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
-    L3_1 = _mm(ef3, tl.trans(af3_1), DT_ID)
-    S3_1 = _mm(qf3, tl.trans(af3_1), DT_ID)
-    _a3_2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    a3_2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_2_ktilde, 0.)
-    af3_2 = a3_2 * tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
-    L3_2 = _mm(ef3, tl.trans(af3_2), DT_ID)
-    S3_2 = _mm(qf3, tl.trans(af3_2), DT_ID)
-    _a3_3_ktilde = tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    a3_3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _a3_3_ktilde, 0.)
-    # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+    L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
     L3_3 = tl.zeros([BC, BC], dtype=tl.float32)
     S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    for j in range(0, BC):
-        sel = o_c == j
-        a_j = tl.sum(tl.where(sel[:, None], a3_3, 0.), 0)
-        g_j = tl.sum(tl.where(sel[:, None], bg3, 0.), 0)
-        a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg3 - g_j[None, :], 0.))
-        L3_3 = tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(e3 * a_dec, 1)[:, None], L3_3)
-        S3_3 = tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(q3 * a_dec, 1)[:, None], S3_3)
+    # the key channels in BK-wide blocks: every block adds its share of each 16×16 product
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        # -- row block 0
+        _b_e0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
+        _b_a0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_ktilde, 0.)
+        bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        _b_q0_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
+        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+        for j in range(0, BC):
+            sel = o_c == j
+            a_j = tl.sum(tl.where(sel[:, None], b_a0, 0.), 0)
+            g_j = tl.sum(tl.where(sel[:, None], bg0, 0.), 0)
+            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg0 - g_j[None, :], 0.))
+            L0_0 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e0 * a_dec, 1)[:, None], 0.)
+            S0_0 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q0 * a_dec, 1)[:, None], 0.)
+        # -- row block 1
+        _b_e1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
+        _b_a1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_ktilde, 0.)
+        bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        _b_q1_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
+        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 15 < eos), other=0.)
+        dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
+        ef1 = b_e1 * dq1
+        qf1 = b_q1 * dq1
+        af1_0 = b_a0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
+        L1_0 += _mm(ef1, tl.trans(af1_0), DT_ID)
+        S1_0 += _mm(qf1, tl.trans(af1_0), DT_ID)
+        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+        for j in range(0, BC):
+            sel = o_c == j
+            a_j = tl.sum(tl.where(sel[:, None], b_a1, 0.), 0)
+            g_j = tl.sum(tl.where(sel[:, None], bg1, 0.), 0)
+            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg1 - g_j[None, :], 0.))
+            L1_1 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e1 * a_dec, 1)[:, None], 0.)
+            S1_1 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q1 * a_dec, 1)[:, None], 0.)
+        # -- row block 2
+        _b_e2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
+        _b_a2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_ktilde, 0.)
+        bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        _b_q2_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
+        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 31 < eos), other=0.)
+        dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
+        ef2 = b_e2 * dq2
+        qf2 = b_q2 * dq2
+        af2_0 = b_a0 * tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
+        L2_0 += _mm(ef2, tl.trans(af2_0), DT_ID)
+        S2_0 += _mm(qf2, tl.trans(af2_0), DT_ID)
+        af2_1 = b_a1 * tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
+        L2_1 += _mm(ef2, tl.trans(af2_1), DT_ID)
+        S2_1 += _mm(qf2, tl.trans(af2_1), DT_ID)
+        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+        for j in range(0, BC):
+            sel = o_c == j
+            a_j = tl.sum(tl.where(sel[:, None], b_a2, 0.), 0)
+            g_j = tl.sum(tl.where(sel[:, None], bg2, 0.), 0)
+            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg2 - g_j[None, :], 0.))
+            L2_2 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e2 * a_dec, 1)[:, None], 0.)
+            S2_2 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q2 * a_dec, 1)[:, None], 0.)
+        # -- row block 3
+        _b_e3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
+        _b_a3_ktilde = tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+        b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_ktilde, 0.)
+        bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+        _b_q3_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
+        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 47 < eos), other=0.)
+        dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
+        ef3 = b_e3 * dq3
+        qf3 = b_q3 * dq3
+        af3_0 = b_a0 * tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
+        L3_0 += _mm(ef3, tl.trans(af3_0), DT_ID)
+        S3_0 += _mm(qf3, tl.trans(af3_0), DT_ID)
+        af3_1 = b_a1 * tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
+        L3_1 += _mm(ef3, tl.trans(af3_1), DT_ID)
+        S3_1 += _mm(qf3, tl.trans(af3_1), DT_ID)
+        af3_2 = b_a2 * tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
+        L3_2 += _mm(ef3, tl.trans(af3_2), DT_ID)
+        S3_2 += _mm(qf3, tl.trans(af3_2), DT_ID)
+        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
+        for j in range(0, BC):
+            sel = o_c == j
+            a_j = tl.sum(tl.where(sel[:, None], b_a3, 0.), 0)
+            g_j = tl.sum(tl.where(sel[:, None], bg3, 0.), 0)
+            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg3 - g_j[None, :], 0.))
+            L3_3 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e3 * a_dec, 1)[:, None], 0.)
+            S3_3 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q3 * a_dec, 1)[:, None], 0.)
     # store the decayed output scores Q ⋆ A (zero above the diagonal)
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S0_0, mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
@@ -412,14 +416,20 @@ def chunk_interaction_kernel(
     ai2_2 = eye
     nb3 = -beta3[:, None] * L3_3
     ai3_3 = eye
-    for i in range(1, BC):
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
         sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb0, 0.), 0)
         ai0_0 = tl.where(sel, ai0_0 + tl.sum(row[:, None] * ai0_0, 0)[None, :], ai0_0)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb1, 0.), 0)
         ai1_1 = tl.where(sel, ai1_1 + tl.sum(row[:, None] * ai1_1, 0)[None, :], ai1_1)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb2, 0.), 0)
         ai2_2 = tl.where(sel, ai2_2 + tl.sum(row[:, None] * ai2_2, 0)[None, :], ai2_2)
+    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+        sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb3, 0.), 0)
         ai3_3 = tl.where(sel, ai3_3 + tl.sum(row[:, None] * ai3_3, 0)[None, :], ai3_3)
     # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ
@@ -463,7 +473,7 @@ def chunk_wy_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -482,16 +492,19 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_e = b_e * b_beta[:, None]
-    b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-    b_e = b_e * tl.exp2(b_g)
-    b_w = _mm(b_T, b_e, DT_ID)
-    tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
-             mask=m_r[:, None] & m_k[None, :])
+    b_eg = b_beta
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
+        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_e = b_e * b_eg[:, None] * tl.exp2(b_g)
+        b_w = _mm(b_T, b_e, DT_ID)
+        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
@@ -500,7 +513,6 @@ def chunk_wy_kernel(
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
         tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
-
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 @triton.jit
@@ -512,7 +524,7 @@ def chunk_state_pass_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -593,7 +605,7 @@ def chunk_output_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -616,17 +628,21 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0.)
     b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-    b_o = _mm(b_q * tl.exp2(b_g), b_h, DT_ID)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    # the key channels in BK-wide blocks: O += Q̂_k H_n[k]
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_o += _mm(b_q * tl.exp2(b_g), b_h, DT_ID)
     b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-
 # ---- backward stage state_pass (chunkwise.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1}
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
@@ -639,7 +655,7 @@ def chunk_bwd_state_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -737,7 +753,7 @@ def chunk_bwd_grad_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -961,7 +977,7 @@ def chunk_bwd_precond_diag_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -1031,7 +1047,7 @@ def chunk_bwd_inputs_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -1111,12 +1127,13 @@ def chunk_bwd_inputs_kernel(
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
+_NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf") + tuple("dx_" + n for n in _INPUTS)
+            "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1139,33 +1156,60 @@ def _next_pow2(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def launch_config(name, DK, DV):
-    """(BV, num_warps, num_stages) per stage; BK is always the padded full key width.
+def _parse_overrides(text):
+    """DGPS_LAUNCH="stage=BK,BV,warps,stages;..." (tuning runs): per-stage settings that replace the table's."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        stage, _, vals = item.partition("=")
+        out[stage.strip()] = tuple(int(v) for v in vals.split(","))
+    return out
 
-    Heuristics (no autotuning yet): full-dk tiles make register pressure the limit, so wide tiles get
-    8 warps and the state pass a narrow BV.
+
+# stage name -> (BK, BV, num_warps, num_stages), applied over launch_config (tuning sweeps set it)
+LAUNCH_OVERRIDES = _parse_overrides(os.environ.get("DGPS_LAUNCH", ""))
+
+
+def launch_config(name, DK, DV):
+    if name in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[name]
+    return _default_launch_config(name, DK, DV)
+
+
+def _default_launch_config(name, DK, DV):
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
+
+    Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
+    state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
+    settings, no autotuning: a first call compiles each kernel once.
     """
     BK = max(16, _next_pow2(DK))
+    bk_block = min(64, BK)
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
+    if name == "l2norm":
+        return BK, bv_full, 4, 1
+    if name == "interaction":
+        if DECAY == "vector":
+            return BK, bv_full, (8 if BK >= 64 else 4), 1
+        return bk_block, bv_full, 4, 1
+    if name == "wy":
+        return bk_block, bv_full, 4, 2
+    if name == "output":
+        return bk_block, bv_full, 4, 2
     if name == "state_pass":
-        return min(32, bv_full), (8 if wide else 4), 2
+        return BK, min(32, bv_full), (8 if wide else 4), 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
-        return min(32, bv_full), 4, 2
+        return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
-        return max(16, _next_pow2(DV)), (8 if wide else 4), 1
+        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
-        return min(32, bv_full), 8 if BK >= 64 else 4, 1
-    if name == "output":
-        return bv_full, (8 if BK >= 64 else 4), 2
-    if name == "interaction":
-        return bv_full, (8 if wide or (BK >= 64 and DECAY == "vector") else 4), 1
+        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
-        return bv_full, (8 if BK >= 64 else 4), 1
-    if name in ("wy", "precond_diag", "curvature_query"):
-        return bv_full, (8 if wide else 4), 1
-    return bv_full, (8 if wide and DECAY == "vector" else 4), 1
+        return BK, bv_full, (8 if BK >= 64 else 4), 1
+    if name in ("precond_diag", "curvature_query"):
+        return BK, bv_full, (8 if wide else 4), 1
+    return BK, bv_full, (8 if wide and DECAY == "vector" else 4), 1
 
 
 def _chunk_layout(lens, device):
@@ -1193,12 +1237,14 @@ class _Run:
 
     def launch(self, kernels):
         args = ([self.x[n] for n in _INPUTS] + [self.bufs[n] for n in _BUFFERS]
-                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale)])
+                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale), self.TT])
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         for name, kernel, kind in kernels:
-            BV, num_warps, num_stages = launch_config(name, DK, DV)
+            BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
+            elif kind == "rows":
+                grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":
                 grid = (N * HP,)
             elif kind == "seq_hv":
@@ -1207,7 +1253,7 @@ class _Run:
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
-            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=self.BK, BV=BV,
+            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=BK, BV=BV,
                          DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                          num_warps=num_warps, num_stages=num_stages)
 
@@ -1252,6 +1298,8 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     bufs["t_buf"] = torch.empty(TT * HV * BT, dtype=dt, device=device)
     bufs["w_buf"] = torch.empty(TT * HV * DK, dtype=dt, device=device)
     bufs["u_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
+    for n in _NORMALIZED:
+        bufs["pn_" + n] = torch.empty_like(x[n])
     bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device)

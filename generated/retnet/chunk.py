@@ -110,7 +110,7 @@ def chunk_cumsum_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -143,7 +143,7 @@ def chunk_state_pass_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -224,7 +224,7 @@ def chunk_output_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -247,21 +247,26 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0.)
     b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
     b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
-    _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-    b_o = _mm(b_q, b_h, DT_ID)
-    b_s = _mm(b_q, tl.trans(b_a), DT_ID)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        b_o += _mm(b_q, b_h, DT_ID)
+        b_s += _mm(b_q, tl.trans(b_a), DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-
 # ---- backward stage state_pass (chunkwise.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1}
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
@@ -274,7 +279,7 @@ def chunk_bwd_state_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -366,7 +371,7 @@ def chunk_bwd_grad_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -456,7 +461,7 @@ def chunk_bwd_inputs_kernel(
     do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
     aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
     dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, chunk_offsets, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
@@ -497,12 +502,13 @@ def chunk_bwd_inputs_kernel(
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v"]
+_NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf") + tuple("dx_" + n for n in _INPUTS)
+            "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -522,33 +528,60 @@ def _next_pow2(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def launch_config(name, DK, DV):
-    """(BV, num_warps, num_stages) per stage; BK is always the padded full key width.
+def _parse_overrides(text):
+    """DGPS_LAUNCH="stage=BK,BV,warps,stages;..." (tuning runs): per-stage settings that replace the table's."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        stage, _, vals = item.partition("=")
+        out[stage.strip()] = tuple(int(v) for v in vals.split(","))
+    return out
 
-    Heuristics (no autotuning yet): full-dk tiles make register pressure the limit, so wide tiles get
-    8 warps and the state pass a narrow BV.
+
+# stage name -> (BK, BV, num_warps, num_stages), applied over launch_config (tuning sweeps set it)
+LAUNCH_OVERRIDES = _parse_overrides(os.environ.get("DGPS_LAUNCH", ""))
+
+
+def launch_config(name, DK, DV):
+    if name in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[name]
+    return _default_launch_config(name, DK, DV)
+
+
+def _default_launch_config(name, DK, DV):
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
+
+    Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
+    state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
+    settings, no autotuning: a first call compiles each kernel once.
     """
     BK = max(16, _next_pow2(DK))
+    bk_block = min(64, BK)
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
+    if name == "l2norm":
+        return BK, bv_full, 4, 1
+    if name == "interaction":
+        if DECAY == "vector":
+            return BK, bv_full, (8 if BK >= 64 else 4), 1
+        return bk_block, bv_full, 4, 1
+    if name == "wy":
+        return bk_block, bv_full, 4, 2
+    if name == "output":
+        return bk_block, bv_full, 4, 2
     if name == "state_pass":
-        return min(32, bv_full), (8 if wide else 4), 2
+        return BK, min(32, bv_full), (8 if wide else 4), 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
-        return min(32, bv_full), 4, 2
+        return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
-        return max(16, _next_pow2(DV)), (8 if wide else 4), 1
+        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
-        return min(32, bv_full), 8 if BK >= 64 else 4, 1
-    if name == "output":
-        return bv_full, (8 if BK >= 64 else 4), 2
-    if name == "interaction":
-        return bv_full, (8 if wide or (BK >= 64 and DECAY == "vector") else 4), 1
+        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
-        return bv_full, (8 if BK >= 64 else 4), 1
-    if name in ("wy", "precond_diag", "curvature_query"):
-        return bv_full, (8 if wide else 4), 1
-    return bv_full, (8 if wide and DECAY == "vector" else 4), 1
+        return BK, bv_full, (8 if BK >= 64 else 4), 1
+    if name in ("precond_diag", "curvature_query"):
+        return BK, bv_full, (8 if wide else 4), 1
+    return BK, bv_full, (8 if wide and DECAY == "vector" else 4), 1
 
 
 def _chunk_layout(lens, device):
@@ -576,12 +609,14 @@ class _Run:
 
     def launch(self, kernels):
         args = ([self.x[n] for n in _INPUTS] + [self.bufs[n] for n in _BUFFERS]
-                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale)])
+                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale), self.TT])
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         for name, kernel, kind in kernels:
-            BV, num_warps, num_stages = launch_config(name, DK, DV)
+            BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
+            elif kind == "rows":
+                grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":
                 grid = (N * HP,)
             elif kind == "seq_hv":
@@ -590,7 +625,7 @@ class _Run:
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
-            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=self.BK, BV=BV,
+            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=BK, BV=BV,
                          DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                          num_warps=num_warps, num_stages=num_stages)
 
@@ -628,6 +663,8 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
     bufs["g_buf"] = torch.empty(TT * HV, **f32)
+    for n in _NORMALIZED:
+        bufs["pn_" + n] = torch.empty_like(x[n])
     bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device)

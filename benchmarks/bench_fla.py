@@ -1,0 +1,287 @@
+"""dgps next to FLA (and FlashQLA for GDN, when installed) in one process, through FLA's signatures.
+
+    python benchmarks/bench_fla.py [--systems gdn delta_rule ...] [--shape B T H D] [--reps 5]
+                                   [--json benchmarks/latest.json] [--profile] [--variants] [--cold-start]
+
+Both sides are called through fla-core 0.6.0's public signatures with its default options (dgps through
+`dgps.fla_compat`, FLA through `fla.ops`), on the same bf16 inputs (q, k L2-normalised beforehand, as FLA's
+delta-rule kernels expect when `use_qk_l2norm_in_kernel` is off; precond_gdn keeps FLA's default of
+normalising in the kernel). Each measurement is `triton.testing.do_bench`'s median; the implementations are
+timed interleaved (dgps, FLA, FlashQLA, dgps, FLA, ...) `--reps` times and the median of those is reported.
+Peak memory is the allocator's peak during one forward+backward above what the inputs already hold.
+
+fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640 guard); this script lifts
+the guard (`fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`) to take FLA's timings, and says so in the
+output. `--variants` times dgps's library specs gdn, ccq_gdn, pgdn and cler_h_gdn forward+backward (no FLA
+counterpart). `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+SCALAR = ("simple_gla", "delta_rule", "gdn", "precond_gdn")
+VECTOR = ("gla", "kda", "gdn2", "precond_kda")
+
+
+def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """FLA-convention inputs in bf16 (the gates are log-decays in (−∞, 0), β in (0, 1))."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+
+    bf = torch.bfloat16
+    x = {"q": F.normalize(randn(B, T, H, D), dim=-1).to(bf), "k": F.normalize(randn(B, T, H, D), dim=-1).to(bf),
+         "v": randn(B, T, H, D).to(bf)}
+    if system in ("simple_gla", "gdn", "precond_gdn"):
+        x["g"] = F.logsigmoid(randn(B, T, H) + 3.0).to(bf)
+    if system in ("gla", "kda", "gdn2", "precond_kda"):
+        x["g"] = (F.logsigmoid(randn(B, T, H, D) + 3.0) / 8).to(bf)
+    if system not in ("simple_gla", "gla"):
+        x["beta"] = torch.sigmoid(randn(B, T, H)).to(bf)
+    if system in ("precond_gdn", "precond_kda"):
+        x["g_atk"] = F.logsigmoid(randn(B, T, H) + 3.0).to(bf)
+        x["beta_atk"] = torch.sigmoid(randn(B, T, H)).to(bf)
+    if system == "gdn2":
+        x["b"] = torch.sigmoid(randn(B, T, H, D)).to(bf)
+        x["w"] = torch.sigmoid(randn(B, T, H, D)).to(bf)
+    return x
+
+
+def calls(mod) -> dict[str, Callable]:  # noqa: ANN001 - fla.ops or dgps.fla_compat
+    """system -> f(x) -> o, one FLA signature per system (the same call for both libraries)."""
+    return {
+        "simple_gla": lambda x: mod.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"])[0],
+        "gla": lambda x: mod.chunk_gla(x["q"], x["k"], x["v"], x["g"])[0],
+        "delta_rule": lambda x: mod.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0],
+        "gdn": lambda x: mod.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+        "kda": lambda x: mod.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+        "gdn2": lambda x: mod.chunk_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"])[0],
+        "precond_gdn": lambda x: mod.chunk_precond_gated_delta_rule(x["q"], x["k"], x["v"], x["g_atk"], x["g"],
+                                                                    x["beta_atk"], x["beta"])[0],
+        "precond_kda": lambda x: mod.chunk_precond_kda(x["q"], x["k"], x["v"], x["g"], x["g_atk"], x["beta_atk"],
+                                                       x["beta"])[0],
+    }
+
+
+def fla_module():  # noqa: ANN201
+
+    import fla.ops.common.chunk_o as chunk_o
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gdn2 import chunk_gdn2
+    from fla.ops.gla import chunk_gla
+    from fla.ops.kda import chunk_kda
+    from fla.ops.precond_gated_delta_rule import chunk_precond_gated_delta_rule
+    from fla.ops.precond_kda import chunk_precond_kda
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the #640 guard (see the module docstring)
+
+    class M:
+        pass
+
+    m = M()
+    for f in (chunk_delta_rule, chunk_gated_delta_rule, chunk_gdn2, chunk_gla, chunk_kda,
+              chunk_precond_gated_delta_rule, chunk_precond_kda, chunk_simple_gla):
+        setattr(m, f.__name__, f)
+    return m
+
+
+def flashqla_gdn() -> Callable | None:
+    try:
+        from flash_qla import chunk_gated_delta_rule  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+
+    def run(x: dict[str, torch.Tensor]) -> torch.Tensor:
+        return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"].float(), x["beta"])[0]
+
+    return run
+
+
+def fwd_bwd(fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor) -> Callable[[], None]:
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
+
+    def step() -> None:
+        for t in leaves.values():
+            t.grad = None
+        fn(leaves).backward(do)
+
+    return step
+
+
+def peak_mib(step: Callable[[], None]) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def kernel_profile(step: Callable[[], None]) -> dict[str, float]:
+    """CUDA time (ms) per kernel name over one call of `step`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", 0) or 0
+        if t > 0:
+            out[ev.key[:80]] = out.get(ev.key[:80], 0.0) + t / 1e3
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median over `reps` interleaved rounds of each function's do_bench median (ms)."""
+    import triton.testing
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            times[k].append(triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median"))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+COLD = r"""
+import time, torch, dgps
+t0 = time.time()
+pkg = dgps.compile(open(%r).read())
+rec = dgps.load(open(%r).read())
+x = rec.random_inputs(4, 4096, 16, 128, 128, dtype=torch.bfloat16, seed=0, device="cuda")
+x = {k: v.requires_grad_(True) for k, v in x.items()}
+out = pkg.forward(**x)
+out.o.float().sum().backward()
+torch.cuda.synchronize()
+print(time.time() - t0)
+"""
+
+
+def cold_start(spec: str) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, DGPS_CACHE_DIR=f"{d}/dgps", TRITON_CACHE_DIR=f"{d}/triton")
+        env.pop("TRITON_STORE_BINARY_ONLY", None)
+        path = str(ROOT / "specs" / f"{spec}.dgps")
+        out = subprocess.run([sys.executable, "-c", COLD % (path, path)], env=env, capture_output=True, text=True,
+                             check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    import triton
+
+    import dgps
+    import dgps.fla_compat as dgps_fla
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=list(SCALAR))
+    p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128], metavar=("B", "T", "H", "D"))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json", default=None)
+    p.add_argument("--merge", action="store_true", help="update the systems of an existing --json file")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--variants", action="store_true")
+    p.add_argument("--cold-start", action="store_true")
+    p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--fwd-only", action="store_true")
+    args = p.parse_args()
+    B, T, H, D = args.shape
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+                    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "fla": None, "shape": [B, T, H, D], "repetitions": args.reps, "fla_guard_lifted": True,
+                    "systems": {}, "flashqla": {}, "variants_fwdbwd_ms": {}, "cold_start_s": {}, "profiles": {}}
+    if args.merge and args.json and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
+        for key in ("systems", "flashqla", "variants_fwdbwd_ms", "cold_start_s", "profiles"):
+            result[key] = {**old.get(key, {}), **result[key]}
+    impls: dict[str, dict[str, Callable]] = {"dgps": calls(dgps_fla)}
+    if not args.no_fla:
+        import fla
+
+        result["fla"] = fla.__version__
+        impls["fla"] = calls(fla_module())
+    fqla = flashqla_gdn()
+    print(json.dumps({k: result[k] for k in ("date", "commit", "gpu", "torch", "triton", "fla", "shape")}), flush=True)
+    for system in args.systems:
+        x = make_inputs(system, B, T, H, D)
+        do = torch.randn_like(x["v"])
+        sides = {k: v[system] for k, v in impls.items()}
+        if system == "gdn" and fqla is not None:
+            sides["flashqla"] = fqla
+        for name, f in sides.items():  # first calls (compile / cache restore) outside the timing
+            t0 = time.time()
+            fwd_bwd(f, x, do)()
+            torch.cuda.synchronize()
+            print(f"{system} {name}: first forward+backward {time.time() - t0:.1f} s", flush=True)
+        fwd = interleaved({k: (lambda f=f, x=x: f(x)) for k, f in sides.items()}, args.reps)
+        row: dict[str, float] = {}
+        for k in ("dgps", "fla"):
+            if k in fwd:
+                row[f"{k}_fwd_ms"] = fwd[k]
+        if not args.fwd_only:
+            steps = {k: fwd_bwd(f, x, do) for k, f in sides.items()}
+            fb = interleaved(steps, args.reps)
+            for k in ("dgps", "fla"):
+                if k in fb:
+                    row[f"{k}_fwdbwd_ms"] = fb[k]
+                    row[f"{k}_peak_mib"] = peak_mib(steps[k])
+            if "flashqla" in sides:
+                result["flashqla"][system] = {"fwd_ms": fwd["flashqla"], "fwdbwd_ms": fb["flashqla"],
+                                              "peak_mib": peak_mib(steps["flashqla"])}
+            if args.profile:
+                result["profiles"][system] = {k: kernel_profile(s) for k, s in steps.items()}
+        result["systems"][system] = row
+        print(system, json.dumps(row), json.dumps(result["flashqla"].get(system, {})), flush=True)
+        del x, do
+        torch.cuda.empty_cache()
+    if args.variants:
+        steps = {}
+        for spec in ("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"):
+            rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
+            pkg = dgps.compile(rec)
+            x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
+            do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+            steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
+            steps[spec]()
+        result["variants_fwdbwd_ms"] = interleaved(steps, args.reps)
+        print("variants", json.dumps(result["variants_fwdbwd_ms"]), flush=True)
+    if args.cold_start:
+        result["cold_start_s"]["gdn"] = cold_start("gdn")
+        print("cold start", result["cold_start_s"], flush=True)
+    print(f"\n{'system':<12} {'FLA fwd':>8} {'dgps fwd':>8} {'ratio':>6} {'FLA f+b':>8} {'dgps f+b':>8} {'ratio':>6} "
+          f"{'peak MiB FLA/dgps':>18}")
+    for s, r in result["systems"].items():
+        def g(k: str, r: dict = r) -> float:
+            return r.get(k, float("nan"))
+        print(f"{s:<12} {g('fla_fwd_ms'):>8.3f} {g('dgps_fwd_ms'):>8.3f} {g('dgps_fwd_ms') / g('fla_fwd_ms'):>6.2f} "
+              f"{g('fla_fwdbwd_ms'):>8.3f} {g('dgps_fwdbwd_ms'):>8.3f} {g('dgps_fwdbwd_ms') / g('fla_fwdbwd_ms'):>6.2f} "
+              f"{g('fla_peak_mib'):>8.0f} / {g('dgps_peak_mib'):<8.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    sys.exit(main())

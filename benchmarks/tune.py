@@ -1,0 +1,117 @@
+"""Sweep the launch settings of one compiled spec's chunk stages on the GPU; print the fastest per stage.
+
+    python benchmarks/tune.py SPEC [--shape B T H D] [--stages interaction wy ...] [--json OUT]
+
+Each stage's candidates (BK, BV, num_warps, num_stages) are set through the chunk module's
+`LAUNCH_OVERRIDES`, one stage at a time, the others at their defaults; the stage's kernel time is the
+profiler's CUDA time over one forward+backward (median of 3). A stage's sweep runs in its own process, so a
+candidate that faults (Triton 3.6 emits some that do on sm_90) ends only that sweep; the result is
+written to `--json` and copied by hand into the launch table of codegen/templates/chunk_host.jinja.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel", "interaction": "chunk_interaction_kernel",
+          "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
+          "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
+          "bwd_state": "chunk_bwd_state_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
+          "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
+          "bwd_curvature_query": "chunk_bwd_curvature_query_kernel"}
+
+
+def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
+    full = max(16, 1 << (D - 1).bit_length())
+    grid = {
+        "l2norm": itertools.product([full], [64], [1, 2, 4, 8], [1]),
+        "chunk_cumsum": itertools.product([full], [64], [1, 2, 4], [1]),
+        "interaction": itertools.product([32, 64], [64], [2, 4, 8], [1]),
+        "wy": itertools.product([64, full], [64], [2, 4, 8], [1, 2]),
+        "state_pass": itertools.product([full], [16, 32, 64], [4, 8], [2, 3]),
+        "output": itertools.product([64, full], [64, full], [4, 8], [2, 3]),
+        # 4 warps only: 8 warps fault on sm_90 under Triton 3.6 (see launch_config)
+        "bwd_state": itertools.product([full], [16, 32, 64], [4], [1, 2, 3]),
+        "bwd_grads": itertools.product([full], [16, 32, 64], [4, 8], [1, 2]),
+        "bwd_inputs": itertools.product([full], [64, full], [4, 8], [1]),
+        "precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2, 3]),
+        "bwd_precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2]),
+        "curvature_query": itertools.product([full], [64], [4, 8], [1, 2, 3]),
+        "bwd_curvature_query": itertools.product([full], [64], [4, 8], [1, 2]),
+    }[stage]
+    return [c for c in grid if c[0] <= full and c[1] <= full]
+
+
+def sweep(spec: str, stage: str, shape: list[int]) -> None:
+    """(child process) time every candidate of `stage`; one JSON line per candidate."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import dgps
+
+    B, T, H, D = shape
+    rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
+    pkg = dgps.compile(rec)
+    x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
+    x = {k: v.requires_grad_(True) for k, v in x.items()}
+    do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> None:
+        for t in x.values():
+            t.grad = None
+        pkg.forward(**x).o.backward(do)
+
+    for cfg in candidates(stage, D):
+        pkg.chunk.LAUNCH_OVERRIDES[stage] = cfg
+        step()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(3):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            times.append(sum(ev.self_device_time_total for ev in prof.key_averages() if ev.key == KERNEL[stage]) / 1e3)
+        print(json.dumps({"stage": stage, "config": cfg, "ms": statistics.median(times)}), flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec")
+    p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128])
+    p.add_argument("--stages", nargs="+", default=["interaction", "wy", "state_pass", "output", "bwd_state",
+                                                   "bwd_grads", "bwd_inputs"])
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        sweep(args.spec, args.child, args.shape)
+        return 0
+    best: dict[str, dict] = {}
+    for stage in args.stages:
+        cmd = [sys.executable, __file__, args.spec, "--shape", *map(str, args.shape), "--child", stage]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        rows = [r for r in rows if r["ms"] > 0]
+        if proc.returncode != 0:
+            print(f"{stage}: sweep stopped (exit {proc.returncode}) after {len(rows)} candidates: "
+                  f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}", flush=True)
+        if rows:
+            rows.sort(key=lambda r: r["ms"])
+            best[stage] = {"config": rows[0]["config"], "ms": rows[0]["ms"], "all": rows}
+            print(f"{stage}: best {rows[0]['config']} {rows[0]['ms']:.4f} ms; next "
+                  + ", ".join(f"{r['config']} {r['ms']:.4f}" for r in rows[1:4]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(best, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
