@@ -47,7 +47,7 @@ import sympy as sp
 
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
-from ..compiler.plan import build_backward_plan, build_plan
+from ..compiler.plan import build_backward_plan, build_plan, launch_of
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -150,11 +150,29 @@ def _backward_context(ir: IR, em: _Emitter) -> dict:
     """The template context of the backward kernels; raises NotImplementedError (and the like) where the
     chunk module cannot carry a chunked backward for `ir`."""
     grad_code, parts = _input_grad_code(ir, em)
-    bplan = build_backward_plan(build_plan(ir, BT, BC))
+    plan = build_plan(ir, BT, BC)
+    bplan = build_backward_plan(plan)
     if bplan is None:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
-    # the backward kernels, in the backward plan's launch order
-    return dict(backward=True, grad_code=grad_code, parts=parts, bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()])
+    # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
+    recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
+    kept = [b for k in bplan.kept for b in _kept_buffers(ir, k)]
+    return dict(backward=True, grad_code=grad_code, parts=parts, bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()],
+                bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept)
+
+
+def _kept_buffers(ir: IR, kind: str) -> list[str]:
+    """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps)."""
+    delta = not ir.structure.additive
+    vector = ir.decay.kind == "vector"
+    return {
+        "l2norm": [f"pn_{n}" for n in ir.normalize],
+        "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
+        "precond_diag": ["kt_buf", "stat_buf"],
+        "interaction": (["l_buf"] if delta else []) + (["s_buf"] if vector else []),
+        "triangular_solve": ["t_buf"],
+        "wy": ["w_buf", "u_buf"],
+    }.get(kind, [])
 
 
 def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
@@ -336,7 +354,7 @@ def _context(ir: IR) -> dict:
     try:
         ctx.update(_backward_context(ir, em))
     except (NotImplementedError, ValueError, KeyError) as exc:
-        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[])
+        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[])
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
@@ -483,7 +501,41 @@ def render_chunk(ir: IR) -> str:
     src = _env().get_template("chunk_module.jinja").render(**ctx)
     src = re.sub(r"[ \t]+\n", "\n", src)
     src = re.sub(r"\n{3,}(?=\S)", "\n\n\n", src)
-    return src
+    return _prune_kernel_params(src)
+
+
+_KERNEL_DEF = re.compile(r"^@triton\.jit\ndef (chunk_\w+_kernel)\(\n(.*?)\n\):\n(.*?)(?=^\S)", re.S | re.M)
+
+
+def _prune_kernel_params(src: str) -> str:
+    """Drop every parameter a kernel's body never names, and record what is left in `_KERNEL_ARGS`.
+
+    The templates share one parameter list (chunk_common.args); a kernel keeps only its own operands,
+    so the host launches each with the buffers its stage reads and writes, and nothing else.
+    """
+    kept: dict[str, list[str]] = {}
+
+    def prune(m: re.Match) -> str:
+        name, params, body = m.group(1), m.group(2), m.group(3)
+        used = set(re.findall(r"\b\w+\b", body))
+        items = [p.strip() for p in params.replace("\n", " ").split(",") if p.strip()]
+        keep = [p for p in items if p.split(":")[0].strip() in used]
+        kept[name] = [p.split(":")[0].strip() for p in keep]
+        lines, line = [], "   "
+        for p in keep:
+            if len(line) + len(p) + 2 > 116:
+                lines.append(line.rstrip())
+                line = "   "
+            line += f" {p},"
+        lines.append(line.rstrip())
+        return f"@triton.jit\ndef {name}(\n" + "\n".join(lines) + "\n):\n" + body
+
+    src = _KERNEL_DEF.sub(prune, src)
+    table = "{\n" + "".join(f"    {k!r}: {tuple(v)!r},\n" for k, v in kept.items()) + "}"
+    marker = "_KERNEL_ARGS = None  # kernel name -> the parameters its body uses (filled in by codegen.chunk)"
+    assert marker in src
+    header = "# kernel name -> the parameters its body uses (derived by codegen.chunk)\n"
+    return src.replace(marker, f"{header}_KERNEL_ARGS = {table}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -151,6 +151,15 @@ class Plan:
         return any(operand in s.inputs for s in self.find(consumer_kind))
 
 
+def launch_of(st: Stage) -> str | None:
+    """The launch that computes `st`: its own (its kind), a fused consumer's (attribute `fused`), or none
+    ("loads": evaluated inside every consumer's tile loads)."""
+    fused = st.attr("fused")
+    if fused == "loads":
+        return None
+    return fused or st.kind
+
+
 def _dims(shape: str) -> tuple[str, ...]:
     inner = shape.strip()[1:-1].strip()
     return tuple(d.strip() for d in inner.split(",")) if inner else ()
@@ -316,7 +325,8 @@ def rule_gates(b: _Builder) -> None:
     for role, expr in computed:
         bind.update(b.operands_of(expr))
         outs.append(b.new(role, b.expr_shape(expr), "fp32"))
-    b.add("gates", "gates", bind, outs, exprs=tuple(computed))
+    # fused: no launch of its own; every consumer evaluates the expressions on its tile loads
+    b.add("gates", "gates", bind, outs, exprs=tuple(computed), fused="loads")
 
 
 def rule_chunk_cumsum(b: _Builder) -> None:
@@ -335,7 +345,8 @@ def rule_chunk_cumsum(b: _Builder) -> None:
         assert d is not None
         b.add("cumsum_gP", "chunk_cumsum", {"g": gP},
               [b.new("bP", _shape("B", "T", "H" if d.heads == "key" else "HV"), "fp32")],
-              decay="scalar", exclusive=False, log2=True)
+              decay="scalar", exclusive=False, log2=True,
+              fused="precond_diag")  # the statistic's scan accumulates its own decay
 
 
 def _precond_output(b: _Builder) -> Operand:
@@ -419,13 +430,25 @@ MATRIX = "[B,NT,HV,C,C]"
 
 
 def rule_interaction(b: _Builder) -> None:
-    if b.family == "additive":
-        return
+    # Vector decay forms the output's decayed scores Q⋆A here too (sub-chunk references need the
+    # per-channel gates of both sides); scalar and no decay leave them to the output stage (one mask).
+    scores = b.s.decay == "vector" and b.family != "untied"
     attrs = dict(decay=b.s.decay, subchunk=_subchunk(b), sub_chunk=b.sub_chunk,
                  row_decay="exclusive" if b.op("bx") else "inclusive", family=b.family)
+    if b.family == "additive":
+        if scores:
+            b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
+                  [Sq := b.new("Sqa", MATRIX, "fp32")], matrices=((Sq.name, "Q", "A", "inclusive"),), **attrs)
+        return
     if b.family == "tied":
-        b.add("interaction", "interaction", {"E": b.op("ke"), "A": b.op("kw"), "b": b.op("b"), "brow": _brow(b)},
-              [L := b.new("L", MATRIX, "fp32")], matrices=((L.name, "E", "A", "strict"),), **attrs)
+        bind = {"E": b.op("ke"), "A": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
+        outs = [L := b.new("L", MATRIX, "fp32")]
+        mats: tuple = ((L.name, "E", "A", "strict"),)
+        if scores:
+            bind["Q"] = _q_read(b)
+            outs.append(Sq := b.new("Sqa", MATRIX, "fp32"))
+            mats += ((Sq.name, "Q", "A", "inclusive"),)
+        b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
         return
     bind = {"Q": _q_read(b), "E": b.op("e"), "F": b.op("f"), "Wk": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
     mats = (("Aef", "E", "F", "strict"), ("Aew", "E", "Wk", "strict"), ("Aqf", "Q", "F", "inclusive"),
@@ -441,7 +464,8 @@ def rule_triangular_solve(b: _Builder) -> None:
     if b.family == "tied":
         b.add("triangular_solve", "triangular_solve", {"L": b.op("L"), "beta": b.op("beta")},
               [b.new("Tm", MATRIX, "fp32")], family="tied",
-              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1")
+              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1",
+              fused="interaction")  # the 16×16 blocks of L' never leave registers
     else:
         b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "fp32")],
               family="untied", form="(I - Aef)^-1")
@@ -499,6 +523,11 @@ def rule_output(b: _Builder) -> None:
     if b.family == "untied":
         bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"))
         scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
+        inline = False
+    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A
+        (k, v), = _streams(b)
+        bind.update(M0=b.op("Sqa"), V0=v)
+        scores = ((b.op("Sqa"), v),)
         inline = False
     else:
         (k, v), = _streams(b)
@@ -570,9 +599,13 @@ BACKWARD_KINDS = ("bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_pre
 class BackwardPlan:
     """What the chunked backward keeps, what it recomputes and which stages it runs, in launch order.
 
-    saved:      operands kept from the forward call (the spec's inputs and initial states only);
-    recomputed: forward stages rerun at the start of the backward, with the chunk buffers they leave
-                (H_n, U, the solve's Ai, W, Ũ, L', the statistic, q̂) kept for the backward stages;
+    saved:      operands kept from the forward call: the spec's inputs and initial states;
+    kept:       forward stages whose per-token buffers the forward call also returns for the backward
+                (normalised q/k, the gate cumsum, the statistic, L', the solve's Ai, W, Ũ): their size is
+                fixed by the input shapes, so the forward op can return them; `kept_bytes` is their size per
+                token and value head at dk = dv = 128, bf16 (the memory model's price for not recomputing);
+    recomputed: forward stages rerun at the start of the backward (per-chunk operands: H_n and U from the
+                state pass, the CCQ chunk sums), plus every stage of `kept` when the forward kept nothing;
     stages:     the backward stages; each reads adjoints produced by earlier ones (or given: dO, the
                 final-state and route gradients) and the recomputed forward operands named in `reads`.
     """
@@ -581,6 +614,8 @@ class BackwardPlan:
     saved: tuple[str, ...]
     recomputed: tuple[str, ...]
     stages: tuple[Stage, ...]
+    kept: tuple[str, ...] = ()
+    kept_bytes: int = 0
 
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages]
@@ -658,10 +693,37 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
     if plan.family == "untied" or plan.find("precond_exact"):
         return None
     stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
-    recomputed = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
-    bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages)
+    kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
+    kept = tuple(k for k in kinds if k in KEPT_KINDS)
+    recomputed = tuple(k for k in kinds if k not in KEPT_KINDS)
+    kept_bytes = sum(_bytes_per_token(o) for st in plan.stages() if st.kind in kept for o in st.outputs)
+    bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept, kept_bytes)
     typecheck_backward(plan, bp)
     return bp
+
+
+# Forward stages whose outputs are per token (size fixed by the input shapes): the forward returns them to
+# the backward instead of the backward rerunning them. The state pass (H_n: per chunk) and the curvature
+# query (per-chunk sums) are rerun; they are sequential over chunks and cheap next to what they would cost
+# in memory (H_n is dk·dv per chunk and head).
+KEPT_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "interaction", "triangular_solve", "wy")
+_DIM_AT_REFERENCE = {"dk": 128, "dv": 128, "C": 64}
+
+
+def _bytes_per_token(op: Operand) -> int:
+    """Bytes per token and head of a token-level operand at dk = dv = 128 (bf16 for "in", 4 for fp32); 0 for
+    per-sequence operands (final states)."""
+    d = op.dims
+    if d[:2] == ("B", "T"):
+        inner = d[3:]
+    elif d[:2] == ("B", "NT") and d[-2:] == ("C", "C"):
+        inner = ("C",)  # a per-chunk C×C matrix is C values per token
+    else:
+        return 0
+    n = 1
+    for x in inner:
+        n *= _DIM_AT_REFERENCE.get(x, 1)
+    return n * (2 if op.dtype == "in" else 4)
 
 
 def typecheck_backward(plan: Plan, bp: BackwardPlan) -> None:
@@ -842,7 +904,9 @@ def format_plan(plan: Plan) -> str:
     if bp is None:
         lines.append("  backward: recurrent (no chunk backward for this family)")
         return "\n".join(lines)
-    lines.append("  backward (chunked): saves " + ", ".join(bp.saved) + "; recomputes " + ", ".join(bp.recomputed))
+    lines.append("  backward (chunked): saves " + ", ".join(bp.saved) + "; keeps from the forward "
+                 + (", ".join(bp.kept) or "-") + f" ({bp.kept_bytes} B per token and head at dk = dv = 128)"
+                 + "; recomputes " + (", ".join(bp.recomputed) or "-"))
     for st in bp.stages:
         outs = ", ".join(str(o) for o in st.outputs)
         attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None)

@@ -80,15 +80,18 @@ def _shape(p: Plan) -> tuple[list[tuple[str, str]], set[tuple[str, str]]]:
     return [(s.name, s.kind) for s in p.stages()], {(a.name, b.name) for a, b in p.graph.edges}
 
 
-def test_gla_and_simple_gla_share_the_additive_plan():
+def test_gla_and_simple_gla_differ_by_the_vector_decay_scores():
     gla, sgla = plan("gla"), plan("simple_gla")
-    assert _shape(gla) == _shape(sgla)
     assert gla.family == sgla.family == "additive"
-    assert [s.kind for s in gla.stages()] == ["chunk_cumsum", "state_pass", "output"]
+    # vector decay forms Q⋆A in an interaction stage (sub-chunk references); scalar decay inside the output
+    assert [s.kind for s in gla.stages()] == ["chunk_cumsum", "interaction", "state_pass", "output"]
+    assert [s.kind for s in sgla.stages()] == ["chunk_cumsum", "state_pass", "output"]
+    assert gla.stage("output").role("M0") == "Sqa" and sgla.stage("output").attr("inline_scores")
     assert gla.stage("output").attr("decay") == "vector" and sgla.stage("output").attr("decay") == "scalar"
     assert gla.operand("b").shape == "[B,T,HV,dk]" and sgla.operand("b").shape == "[B,T,HV]"
-    for name in ("la", "retnet", "mamba2", "exact_atq", "ccq_gla"):
+    for name in ("la", "retnet", "mamba2", "exact_atq"):
         assert "interaction" not in plan(name).kinds() and "wy" not in plan(name).kinds()
+    assert "wy" not in plan("ccq_gla").kinds()
 
 
 def test_delta_family_plans_have_interaction_solve_wy():
@@ -98,8 +101,10 @@ def test_delta_family_plans_have_interaction_solve_wy():
         kinds = p.kinds()
         for k in ("interaction", "triangular_solve", "wy", "state_pass", "output"):
             assert k in kinds, (name, k)
-        assert len(p.stage("interaction").outputs) == 1  # L' only; the output forms Q⋆A itself
-        assert p.stage("output").attr("inline_scores")
+        vector = p.stage("interaction").attr("decay") == "vector"
+        # L' only, the output forms Q⋆A itself; vector decay: the interaction also forms Q⋆A
+        assert len(p.stage("interaction").outputs) == (2 if vector else 1)
+        assert p.stage("output").attr("inline_scores") == (not vector)
     # routes and fused gates change operands, not the stages
     assert _shape(plan("gdn")) == _shape(plan("clvr_gdn"))
     gdn_stages, gdn_edges = _shape(plan("gdn"))
@@ -137,10 +142,12 @@ def test_ccq_adds_curvature_query_feeding_the_output_query():
         cq = p.stage("curvature_query")
         assert p.stage("output").role("Q") == cq.outputs[0].name
         assert p.graph.has_edge(cq, p.stage("output"))
-        # the write path is unchanged: nothing on it reads q̂
+        # the write path is unchanged: nothing on it reads q̂ (vector decay: only the interaction's Q⋆A does)
         for s in p.stages():
-            if s.kind in ("interaction", "triangular_solve", "wy", "state_pass"):
+            if s.kind in ("triangular_solve", "wy", "state_pass"):
                 assert cq.outputs[0].name not in s.inputs
+            if s.kind == "interaction":
+                assert (cq.outputs[0].name in s.inputs) == (s.attr("decay") == "vector")
 
 
 def test_exact_precond_placement():

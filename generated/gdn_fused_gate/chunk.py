@@ -113,17 +113,8 @@ def _mm32(a, b):
 # so no kernel needs a full key row only to normalise it.
 @triton.jit
 def chunk_l2norm_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_q, p_k, pn_q, pn_k, TT, H: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_p = tl.program_id(1)
@@ -144,17 +135,8 @@ def chunk_l2norm_kernel(
 # ---- stage gates + chunk_cumsum: b = chunk-local inclusive cumsum of the log-gate, in log2 units --------
 @triton.jit
 def chunk_cumsum_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_a, p_A_log, p_dt_bias, g_buf, cu_seqlens, chunk_indices, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -182,17 +164,8 @@ def chunk_cumsum_kernel(
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
 @triton.jit
 def chunk_interaction_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_b, g_buf, t_buf, l_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -360,17 +333,9 @@ def chunk_interaction_kernel(
 # ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
 @triton.jit
 def chunk_wy_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_v, p_b, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -411,17 +376,9 @@ def chunk_wy_kernel(
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 @triton.jit
 def chunk_state_pass_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -492,17 +449,9 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    g_buf, h_buf, vn_buf, o_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -547,17 +496,9 @@ def chunk_output_kernel(
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
 @triton.jit
 def chunk_bwd_state_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    g_buf, w_buf, do_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets, scale,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -645,17 +586,9 @@ def chunk_bwd_state_kernel(
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_v, p_b, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf,
+    ag_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -763,17 +696,9 @@ def chunk_bwd_grad_kernel(
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, p_v, p_a, p_b, p_A_log, p_dt_bias,
-    g_buf, kt_buf, qh_buf, t_buf, l_buf, s_buf, w_buf, u_buf, h_buf, vn_buf, o_buf, r_buf,
-    s0, s_out, a0, a_out, c0, c_out, m0, m_out, n0,
-    stat_buf, cn_buf, mn_buf,
-    do_buf, dr_buf, dh_buf, du_buf, ds_fin, ds0, da_fin, da0, dc_fin, dc0, dm_fin, dm0,
-    aq_buf, akc_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, alam_buf, apinc_buf, apdec_buf,
-    dx_q, dx_k, dx_v, dx_a, dx_b, dx_A_log, dx_dt_bias, pn_q, pn_k,
-    cu_seqlens, chunk_indices, chunk_offsets, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_q, p_k, p_a, p_b, p_A_log, p_dt_bias, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_v,
+    dx_a, dx_b, dx_A_log, dx_dt_bias, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -861,20 +786,37 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+# kernel name -> the parameters its body uses (derived by codegen.chunk)
+_KERNEL_ARGS = {
+    'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
+    'chunk_cumsum_kernel': ('p_a', 'p_A_log', 'p_dt_bias', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
+    'chunk_interaction_kernel': ('p_b', 'g_buf', 't_buf', 'l_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
+    'chunk_wy_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('g_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_grad_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_a', 'p_b', 'p_A_log', 'p_dt_bias', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_a', 'dx_b', 'dx_A_log', 'dx_dt_bias', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV'),
+}
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
 
-def _kernels(keep=False):
-    """(name, kernel, grid kind) in launch order; `keep` (the backward's recompute) skips the output stage."""
+def _kernels():
+    """(name, kernel, grid kind) of the forward, in launch order."""
     ks = []
     ks.append(("l2norm", chunk_l2norm_kernel, "rows"))
     ks.append(("chunk_cumsum", chunk_cumsum_kernel, "chunk"))
     ks.append(("interaction", chunk_interaction_kernel, "chunk"))
     ks.append(("wy", chunk_wy_kernel, "chunk"))
     ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    if not keep:
-        ks.append(("output", chunk_output_kernel, "output"))
+    ks.append(("output", chunk_output_kernel, "output"))
     return ks
+
+
+_FORWARD_STAGES = tuple(k[0] for k in _kernels())
+# the backward plan: forward stages it reruns when the forward kept its per-token buffers, and those buffers
+_RECOMPUTED = ["state_pass"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -916,13 +858,15 @@ def _default_launch_config(name, DK, DV):
     if name == "interaction":
         if DECAY == "vector":
             return BK, bv_full, (8 if BK >= 64 else 4), 1
-        return bk_block, bv_full, 4, 1
+        return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
     if name == "wy":
-        return bk_block, bv_full, 4, 2
+        return BK, bv_full, 4, 1
     if name == "output":
-        return bk_block, bv_full, 4, 2
+        return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
-        return BK, min(32, bv_full), (8 if wide else 4), 2
+        # H200, gdn dk = dv = 128: BV 64 / 4 warps / 2 stages 0.16 ms; BV 32 / 8 warps 0.28. BV 64 at 3 stages
+        # faulted (illegal address) under Triton 3.6: not used.
+        return BK, bv_full, 4, 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return BK, min(32, bv_full), 4, 2
@@ -945,13 +889,28 @@ def _chunk_layout(lens, device):
     return idx.to(device), offs.to(device), sum(nts)
 
 
+_LAYOUTS = {}
+
+
+def _uniform_layout(B, T, device):
+    """cu_seqlens and chunk layout of B sequences of T tokens, kept per (B, T, device): building them takes a
+    host-to-device copy, which would stall every call."""
+    key = (B, T, str(device))
+    if key not in _LAYOUTS:
+        if len(_LAYOUTS) > 64:
+            _LAYOUTS.clear()
+        cu = (torch.arange(B + 1, dtype=torch.int32) * T).to(device)
+        _LAYOUTS[key] = (cu, *_chunk_layout([T] * B, device))
+    return _LAYOUTS[key]
+
+
 def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_seqlens=None, scale=None):
     """Chunked forward pass of `gdn_fused_gate`; same contract as the sequential reference.
 
     inputs: tensors named as in the spec, [B, T, heads, channel] (FLA layout), bf16/fp16/fp32;
     initial_state: h = Sᵀ [N, HV, dk, dv] or a dict of states; returns RecurrenceOutput (states in fp32).
     """
-    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False)[0]
+    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False, stages=_FORWARD_STAGES)[0]
 
 
 class _Run:
@@ -961,9 +920,14 @@ class _Run:
         self.__dict__.update(kw)
 
     def launch(self, kernels):
-        args = ([self.x[n] for n in _INPUTS] + [self.bufs[n] for n in _BUFFERS]
-                + [self.cu, self.chunk_indices, self.chunk_offsets, float(self.scale), self.TT])
+        # every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its body when
+        # the module was generated): Triton's launch cost grows with the argument count
+        values = {"p_" + n: self.x[n] for n in _INPUTS}
+        values.update(self.bufs)
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
+        values.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
+                      scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
+                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep)
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
@@ -978,12 +942,43 @@ class _Run:
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
-            kernel[grid](*args, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC, BK=BK, BV=BV,
-                         DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
-                         num_warps=num_warps, num_stages=num_stages)
+            values.update(BK=BK, BV=BV)
+            kernel[grid](**{a: values[a] for a in _KERNEL_ARGS[kernel.__name__]}, num_warps=num_warps,
+                         num_stages=num_stages)
 
 
-def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep):
+def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
+    """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
+    backward reads (L', the statistic)."""
+    f32 = torch.float32
+    b = {}
+    b["pn_q"] = (TT * H * DK, dt)
+    b["pn_k"] = (TT * H * DK, dt)
+    b["g_buf"] = (TT * HV, f32)
+    b["t_buf"] = (TT * HV * BT, dt)
+    b["w_buf"] = (TT * HV * DK, dt)
+    b["u_buf"] = (TT * HV * DV, dt)
+    if keep or False:
+        b["l_buf"] = (TT * HV * BT, f32)
+    b["vn_buf"] = (TT * HV * DV, dt)
+    return b
+
+
+def kept_like(B, T, H, HV, DK, DV, dt, device):
+    """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake)."""
+    HP = H if False else HV
+    sizes = _token_buffers(B * T, H, HV, HP, DK, DV, dt, True)
+    return [torch.empty(sizes[n][0], dtype=sizes[n][1], device=device) for n in _KEPT_BUFFERS]
+
+
+def chunk_forward_train(inputs, *, initial_state=None, cu_seqlens=None, scale=None):
+    """The forward of a training step: chunk_forward's result (final states included) and the per-token buffers
+    the backward plan keeps (_KEPT_BUFFERS), to be passed back as chunk_backward(..., kept=...)."""
+    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, stages=_FORWARD_STAGES)
+    return out, [run.bufs[n] for n in _KEPT_BUFFERS]
+
+
+def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, stages, kept=None):
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -998,11 +993,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     if ranges:
         lens = [b - a for a, b in ranges]
         cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+        chunk_indices, chunk_offsets, NT = _chunk_layout(lens, device)
     else:
         lens = [T] * B
-        cu = (torch.arange(B + 1, dtype=torch.int32) * T).to(device)
+        cu, chunk_indices, chunk_offsets, NT = _uniform_layout(B, T, device)
     N = len(lens)
-    chunk_indices, chunk_offsets, NT = _chunk_layout(lens, device)
     st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
     st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
     HP = H if False else HV
@@ -1015,14 +1010,10 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     bufs = dict.fromkeys(_BUFFERS, dummy)
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
-    bufs["g_buf"] = torch.empty(TT * HV, **f32)
-    bufs["t_buf"] = torch.empty(TT * HV * BT, dtype=dt, device=device)
-    bufs["w_buf"] = torch.empty(TT * HV * DK, dtype=dt, device=device)
-    bufs["u_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
-    for n in _NORMALIZED:
-        bufs["pn_" + n] = torch.empty_like(x[n])
+    kept = dict(zip(_KEPT_BUFFERS, kept, strict=True)) if kept is not None else {}
+    for n, (numel, dtype) in _token_buffers(TT, H, HV, HP, DK, DV, dt, keep).items():
+        bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
-    bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device)
     bufs["o_buf"] = o
     route = None
@@ -1034,13 +1025,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep)
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if dt_id and interpret:
         dt_id += 2
-    if keep and bufs["l_buf"] is dummy:
-        bufs["l_buf"] = torch.empty(TT * HV * BT, **f32)
     run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
                dummy=dummy, dims=dims)
-    run.launch(_kernels(keep))
+    run.launch([k for k in _kernels() if k[0] in stages])
     final = None
     if output_final_state:
         final = {"S": s_out}
@@ -1065,13 +1054,16 @@ def _group_sum(g, dim, H, HV):
     return g.reshape(*shape[:dim], H, HV // H, *shape[dim + 1:]).sum(dim + 1)
 
 
-def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None):
+def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
+                   kept=None):
     """Gradients of `gdn_fused_gate` through the chunk kernels (chunkwise.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n).
     """
-    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True)
+    # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
+    stages = _RECOMPUTED if kept is not None else tuple(k for k in _FORWARD_STAGES if k != "output")
+    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, stages=stages, kept=kept)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
     device, dt = run.device, run.dt

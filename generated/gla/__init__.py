@@ -36,8 +36,12 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) 
 
 
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
-                 scale: float | None) -> RecurrenceOutput:
-    return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens, scale=scale)
+                 scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
+    """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
+    if keep:
+        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale)
+    return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+                               scale=scale), []
 
 
 # The forward and backward kernels are registered as custom ops, so autograd and
@@ -50,13 +54,14 @@ def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state_S: torch.Tensor,
     cu_seqlens: torch.Tensor | None,
     scale: float,
+    keep: bool,
 ) -> list[torch.Tensor]:
-    out = _run_forward({"q": q, "k": k, "v": v, "g": g}, {"S": state_S}, cu_seqlens, scale)
+    out, kept = _run_forward({"q": q, "k": k, "v": v, "g": g}, {"S": state_S}, cu_seqlens, scale, keep)
     outs = [out.o] + [out.final_state[s] for s in STATES]
     if ROUTE != "none":
         route = out.route
         outs.append(route.clone() if route.data_ptr() in {t.data_ptr() for t in (q, k, v, g, state_S)} else route)
-    return outs
+    return outs + kept
 
 
 @_forward_op.register_fake
@@ -64,10 +69,14 @@ def _(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state_S: torch.Tensor,
     cu_seqlens: torch.Tensor | None,
     scale: float,
+    keep: bool,
 ) -> list[torch.Tensor]:
     outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S,)]
     if ROUTE != "none":
         outs.append(q.new_empty(v.shape))
+    if keep:
+        B, T, H, DK = q.shape
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device)
     return outs
 
 
@@ -75,6 +84,7 @@ def _(
 def _backward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state_S: torch.Tensor,
     grads: list[torch.Tensor],
+    kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
 ) -> list[torch.Tensor]:
@@ -82,7 +92,8 @@ def _backward_op(
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
     g_in, g_state = chunk.chunk_backward(
         {"q": q, "k": k, "v": v, "g": g}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
+
     )
     return [g_in[n] for n in INPUTS] + [g_state[s] if s in g_state else torch.zeros_like(t)
                                         for s, t in zip(STATES, (state_S,), strict=True)]
@@ -92,6 +103,7 @@ def _backward_op(
 def _(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state_S: torch.Tensor,
     grads: list[torch.Tensor],
+    kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
 ) -> list[torch.Tensor]:
@@ -99,16 +111,21 @@ def _(
 
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
-    *tensors, cu_seqlens, scale = inputs
-    ctx.save_for_backward(*tensors)
-    ctx.cu_seqlens, ctx.scale = cu_seqlens, scale
+    *tensors, cu_seqlens, scale, keep = inputs
+    n_out = 1 + len(STATES) + (ROUTE != "none")
+    kept = list(output[n_out:])  # the per-token buffers the forward kept for the chunked backward
+    ctx.mark_non_differentiable(*kept)
+    ctx.save_for_backward(*tensors, *kept)
+    ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
 
 
 def _backward(ctx, grads):  # noqa: ANN001, ANN202 - torch.library's signature
-    tensors = ctx.saved_tensors
-    grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads, _output_likes(tensors), strict=True)]
-    out = _backward_op(*tensors, grads, ctx.cu_seqlens, ctx.scale)
-    return (*out, None, None)
+    saved = ctx.saved_tensors
+    tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+    likes = _output_likes(tensors)
+    grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:len(likes)], likes, strict=True)]
+    out = _backward_op(*tensors, grads, kept, ctx.cu_seqlens, ctx.scale)
+    return (*out, None, None, None)
 
 
 def _output_likes(tensors) -> list[torch.Tensor]:  # noqa: ANN001
@@ -141,9 +158,12 @@ def forward(
     states = {n: s.float() for n, s in states.items()}
     if scale is None:
         scale = IR.scale if IR.scale is not None else dims.dk ** -0.5
-    outs = _forward_op(*(x[n] for n in INPUTS), *(states[s] for s in STATES), cu_seqlens, float(scale))
+    tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
+    # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
+    keep = True and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
     final = dict(zip(STATES, outs[1:1 + len(STATES)], strict=True)) if output_final_state else None
-    return RecurrenceOutput(outs[0], final, outs[-1] if ROUTE != "none" else None)
+    return RecurrenceOutput(outs[0], final, outs[1 + len(STATES)] if ROUTE != "none" else None)
 
 
 def decode(
