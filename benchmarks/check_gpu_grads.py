@@ -1,4 +1,4 @@
-"""Chunked backward on the GPU vs float64 autograd through the reference, at a moderate shape.
+"""Chunked forward (training path) and backward on the GPU vs float64 autograd through the reference, at a moderate shape.
 
     python benchmarks/check_gpu_grads.py [--systems ...] [--B 2 --T 300 --H 2 --HV 4 --D 128] [--dtype fp32|bf16]
 
@@ -60,10 +60,14 @@ def main() -> int:
                     _orig(self, [k])
                     torch.cuda.synchronize()
             mod._Run.launch = launch
-        gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, d_route=dr)
+        # the training path: the forward keeps its per-token buffers, the backward reuses them
+        fwd, kept = mod.chunk_forward_train(x, initial_state=st)
+        gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, d_route=dr, kept=kept)
         torch.cuda.synchronize()
         ours = {**gx, **{f"state {k}": v for k, v in gs.items()}}
-        errs = {}
+        errs = {"o": ((fwd.o.double() - out.o).norm() / out.o.norm()).item(),
+                "S": ((fwd.final_state["S"].double() - out.final_state["S"]).norm() / out.final_state["S"].norm()).item()}
+        ref = {k: (v.detach() if v is not None else None) for k, v in ref.items()}
         for k, want in ref.items():
             want = torch.zeros_like(ours[k], dtype=torch.float64) if want is None else want
             errs[k] = ((ours[k].double() - want).norm() / want.norm().clamp_min(1e-30)).item()

@@ -480,7 +480,8 @@ def _input_grad_code(ir: IR, em: _Emitter) -> tuple[str, list[_Part]]:
             else:
                 ptr = f"dx_{d.name} + " + (f"(rows[:, None] * HV + i_hv) * {dim} + {o}[None, :]" if dim
                                            else "rows * HV + i_hv")
-            lines.append(f"tl.store({ptr}, {g}" + (f", mask={m})" if m else ")"))
+            store = f"_cast_for({g}, dx_{d.name}, DT_ID)"  # token-level gradients may be stored in the input dtype
+            lines.append(f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")"))
         return "\n    ".join(lines), parts
     finally:
         em.q_override = saved

@@ -82,6 +82,15 @@ def _round(x, DT_ID: tl.constexpr):
 
 
 @triton.jit
+def _cast_for(x, ptr, DT_ID: tl.constexpr):
+    """fp32 `x` in the element type of `ptr`: unchanged for fp32 buffers, rounded to nearest for 16-bit ones."""
+    if ptr.dtype.element_ty == tl.float32:
+        return x
+    else:
+        return _round(x, DT_ID).to(ptr.dtype.element_ty)
+
+
+@triton.jit
 def _mm(a, b, DT_ID: tl.constexpr):
     """Tensor-core matmul with fp32 accumulation: operands in the input dtype; fp32 inputs use IEEE fp32.
 
@@ -875,7 +884,7 @@ def chunk_bwd_grad_kernel(
 def chunk_bwd_inputs_kernel(
     p_q, p_k, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_v, dx_g, dx_beta, cu_seqlens,
     chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -907,7 +916,7 @@ def chunk_bwd_inputs_kernel(
     r_q = tl.rsqrt(tl.sum(x_q * x_q, 1) + 1e-06)[:, None]
     y_q = x_q * r_q
     g_q = r_q * (g_q - y_q * tl.sum(y_q * g_q, 1)[:, None])
-    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], g_q, mask=m_rk)
+    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
@@ -916,19 +925,19 @@ def chunk_bwd_inputs_kernel(
     r_k = tl.rsqrt(tl.sum(x_k * x_k, 1) + 1e-06)[:, None]
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
-    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], g_k, mask=m_rk)
+    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     # d v
     g_v = tl.zeros([BT, BV], dtype=tl.float32)
     g_v += a_z
-    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], g_v, mask=m_rv)
+    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
-    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], g_g, mask=m_rk)
+    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
-    tl.store(dx_beta + rows * HV + i_hv, g_beta, mask=m_r)
+    tl.store(dx_beta + rows * HV + i_hv, _cast_for(g_beta, dx_beta, DT_ID), mask=m_r)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]
@@ -951,7 +960,7 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_v', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 's_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1019,14 +1028,15 @@ def _default_launch_config(name, DK, DV):
     if name == "output":
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
-        # H200, gdn dk = dv = 128: BV 64 / 4 warps / 2 stages 0.16 ms; BV 32 / 8 warps 0.28. BV 64 at 3 stages
-        # faulted (illegal address) under Triton 3.6: not used.
-        return BK, bv_full, 4, 2
+        # H200, gdn dk = dv = 128 (two calls per training step): BV 64 / 4 warps 0.33 ms, BV 32 / 4 warps 0.36,
+        # BV 32 / 8 warps 0.53. BV 64 is not used: at 3 stages it faulted (illegal address) under Triton 3.6, and
+        # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
+        return BK, min(32, bv_full), 4, 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
-        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
+        return BK, bv_full, (8 if wide else 4), 1  # H200, gdn: BV 64 0.28 ms, BV 128 0.31
     if name == "bwd_grads":
         return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
@@ -1268,7 +1278,9 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         last = {"key": (DK,), "value": (DV,)}.get(d.vector, ())
         lasts[n] = last
         rows = NT if d.is_param else TT
-        bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1))
+        # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
+        direct = not d.is_param and (d.heads != "key" or H == HV)
+        bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
     run.launch(_bwd_kernels())
 
     grads = {}
