@@ -30,7 +30,7 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
 
 
 def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
-    full = max(16, 1 << (D - 1).bit_length())
+    full = max(16, 1 << (D - 1).bit_length())  # dk = dv = D here
     grid = {
         "l2norm": itertools.product([full], [64], [1, 2, 4, 8], [1]),
         "chunk_cumsum": itertools.product([full], [64], [1, 2, 4], [1]),
@@ -41,7 +41,7 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         # 4 warps only: 8 warps fault on sm_90 under Triton 3.6 (see launch_config)
         "bwd_state": itertools.product([full], [16, 32, 64], [4], [1, 2, 3]),
         "bwd_grads": itertools.product([full], [16, 32, 64], [4, 8], [1, 2]),
-        "bwd_inputs": itertools.product([full], [64, full], [4, 8], [1]),
+        "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
         "precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2, 3]),
         "bwd_precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2]),
         "curvature_query": itertools.product([full], [64], [4, 8], [1, 2, 3]),

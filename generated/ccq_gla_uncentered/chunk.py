@@ -867,10 +867,15 @@ def _parse_overrides(text):
 LAUNCH_OVERRIDES = _parse_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 
+# stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
+_WHOLE_VALUE_ROWS = ("bwd_inputs",)
+
+
 def launch_config(name, DK, DV):
-    if name in LAUNCH_OVERRIDES:
-        return LAUNCH_OVERRIDES[name]
-    return _default_launch_config(name, DK, DV)
+    cfg = LAUNCH_OVERRIDES[name] if name in LAUNCH_OVERRIDES else _default_launch_config(name, DK, DV)
+    if name in _WHOLE_VALUE_ROWS and cfg[1] < DV:
+        raise ValueError(f"{NAME}: stage {name} holds whole value rows: BV = {cfg[1]} < dv = {DV}")
+    return cfg
 
 
 def _default_launch_config(name, DK, DV):
@@ -903,7 +908,7 @@ def _default_launch_config(name, DK, DV):
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
-        return BK, bv_full, (8 if wide else 4), 1  # H200, gdn: BV 64 0.28 ms, BV 128 0.31
+        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
         return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
