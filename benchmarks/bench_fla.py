@@ -205,8 +205,9 @@ def main() -> int:
     p.add_argument("--fwd-only", action="store_true")
     args = p.parse_args()
     B, T, H, D = args.shape
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    # DGPS_COMMIT: the device's copy of the checkout may carry an older .git than the tree it was sent
+    commit = os.environ.get("DGPS_COMMIT") or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                                             capture_output=True, text=True).stdout.strip()
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "fla": None, "shape": [B, T, H, D], "repetitions": args.reps, "fla_guard_lifted": True,

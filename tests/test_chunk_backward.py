@@ -163,3 +163,34 @@ def test_bad_gradient_shapes() -> None:
         mod.chunk_backward(x, do=torch.zeros(1, 4, 1, 16), d_final_state={"S": torch.zeros(1, 1, 16, 8)})
     with pytest.raises(TensorError, match="unknown final-state"):
         mod.chunk_backward(x, do=torch.zeros(1, 4, 1, 16), d_final_state={"P": torch.zeros(1)})
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("name", ["gdn", "simple_gla"])
+def test_training_path_at_the_reference_head_size(name: str) -> None:
+    """dk = dv = 128, where the launch table's blocks are narrower than a head (BK = 64, BV ≤ dv): the training
+    path (forward keeps its buffers, the backward reuses them) against float64 autograd. At the other tests'
+    dv = 16 every block covers the whole head, which once hid a stage that left half of dv's gradient
+    unwritten."""
+    rec = load(name)
+    mod = load_chunk(rec.ir)
+    D, T = 128, 70
+    x = rec.random_inputs(B=1, T=T, H=1, dk=D, dv=D, HV=2, dtype=torch.float32, seed=3)
+    do = torch.randn(1, T, 2, D, generator=torch.Generator().manual_seed(4))
+    old, mod.DEBUG_NAN_FILL = mod.DEBUG_NAN_FILL, True
+    try:
+        out, kept = mod.chunk_forward_train(x)
+        grads, _ = mod.chunk_backward(x, do=do, kept=kept)
+    finally:
+        mod.DEBUG_NAN_FILL = old
+    x64 = {k: v.double().requires_grad_(True) for k, v in x.items()}
+    ref = rec.reference(**x64)
+    assert _rel(out.o, ref.o) <= TOL_FP32
+    (ref.o * do.double()).sum().backward()
+    for n, g in grads.items():
+        assert torch.isfinite(g).all(), f"{name}: gradient of {n} has unwritten (NaN) elements"
+        assert _rel(g, x64[n].grad) <= TOL_FP32, (name, n, _rel(g, x64[n].grad))
