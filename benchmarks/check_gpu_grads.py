@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     import dgps
-    from dgps.codegen.chunk import load_chunk
+    from dgps.runtime.compile import load_chunk
     from dgps.runtime.reference import random_states, state_shapes
     from dgps.runtime.tensors import Dims
 

@@ -2,7 +2,7 @@
 
 `render_chunk(ir)` returns the full source of a self-contained Python module: Triton kernels for the
 stages of chunkwise.md §7 plus host code whose `chunk_forward(inputs, ...)` returns a
-`RecurrenceOutput` like the sequential reference. `load_chunk(ir)` writes that source to a cache
+`RecurrenceOutput` like the sequential reference. `runtime.compile.load_chunk(ir)` writes that source to a cache
 directory and imports it (Triton needs real source files). `supports_chunk(ir)` says whether this
 generator handles a spec, and why not.
 
@@ -40,7 +40,6 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import jinja2
 import sympy as sp
@@ -537,13 +536,3 @@ def _prune_kernel_params(src: str) -> str:
     assert marker in src
     header = "# kernel name -> the parameters its body uses (derived by codegen.chunk)\n"
     return src.replace(marker, f"{header}_KERNEL_ARGS = {table}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------------
-def load_chunk(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
-    """Render, write (Triton's JIT reads kernel source from real files) and import the chunk module."""
-    from ..runtime.compile import load_source_module
-
-    return load_source_module(render_chunk(ir), "chunk", ir.name, cache_dir)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.api import load
+from ..compiler.ir import IR
+from ..compiler.lower import lower
+from ..dsl.parser import parse
 from .package import render_package
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,12 +22,19 @@ GENERATED = ROOT / "generated"
 INIT = '"""The compiled spec library: one package per file in specs/, written by `python -m dgps.codegen.generate`."""\n'
 
 
+@dataclass(frozen=True)
+class _Spec:
+    ir: IR
+    source: str
+
+
 def expected_files() -> dict[Path, str]:
     files: dict[Path, str] = {GENERATED / "__init__.py": INIT}
     for spec in sorted(SPECS.glob("*.dgps")):
-        rec = load(spec.read_text(), filename=f"specs/{spec.name}")
-        for name, text in render_package(rec, module_name=f"dgps.generated.{rec.name}").items():
-            files[GENERATED / rec.name / name] = text
+        text = spec.read_bytes().decode("utf-8")
+        rec = _Spec(lower(parse(text, f"specs/{spec.name}")), text)
+        for name, body in render_package(rec, module_name=f"dgps.generated.{rec.ir.name}").items():
+            files[GENERATED / rec.ir.name / name] = body
     return files
 
 

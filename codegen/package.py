@@ -14,14 +14,13 @@ import hashlib
 import json
 from functools import cache
 from pathlib import Path
+from typing import Protocol
 
 import jinja2
 import triton
 
-from .. import __version__ as DGPS_VERSION
-from ..runtime.api import Recurrence
-from ..runtime.reference import state_shapes
-from ..runtime.tensors import Dims
+from .._version import __version__ as DGPS_VERSION
+from ..compiler.ir import IR
 from .chunk import chunk_backward_gpu_fault, render_chunk, supports_chunk, supports_chunk_backward
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
@@ -61,7 +60,17 @@ def cache_key(source: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str, str]:
+class Spec(Protocol):
+    """What a package is rendered from (a dgps.Recurrence is one): the lowered IR and the spec's text."""
+
+    @property
+    def ir(self) -> IR: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+def render_package(rec: Spec, module_name: str | None = None) -> dict[str, str]:
     """File name -> text. Deterministic: the same spec and versions give byte-identical files."""
     ir = rec.ir
     chunk_ok, chunk_why = supports_chunk(ir)
@@ -80,7 +89,7 @@ def render_package(rec: Recurrence, module_name: str | None = None) -> dict[str,
     signature = ", ".join(
         [f"{n}: torch.Tensor" for n in required] + [f"{n}: torch.Tensor | None = None" for n in optional]
     )
-    states = list(state_shapes(ir, Dims(1, 1, 1, 1, 1, 1), 1))
+    states = list(ir.state_names)
     state_args = [f"state_{s}" for s in states]
     meta = {
         "name": ir.name,

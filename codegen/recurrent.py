@@ -23,7 +23,7 @@ The generated module carries its own IR (rebuilt from `sympy.srepr` text), so it
 with the same rules as the reference and needs no spec at import time.
 
     render_recurrent(ir) -> str      the module's source (deterministic: same IR, same bytes)
-    load_recurrent(ir)   -> module   the module, written to the cache directory and imported
+    (runtime.compile.load_recurrent(ir) writes the module to the cache directory and imports it)
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import cache
-from pathlib import Path
-from types import ModuleType
 
 import jinja2
 import sympy as sp
@@ -376,10 +374,3 @@ def _context(ir: IR) -> dict[str, object]:
 def render_recurrent(ir: IR) -> str:
     """The full source of the recurrent module for `ir` (deterministic)."""
     return _env().get_template("recurrent.jinja").render(**_context(ir))
-
-
-def load_recurrent(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
-    """Render, write (Triton's JIT reads kernel source from real files) and import the module for `ir`."""
-    from ..runtime.compile import load_source_module
-
-    return load_source_module(render_recurrent(ir), "recurrent", ir.name, cache_dir)

@@ -16,7 +16,7 @@ are linear in those) go to per-BV partial buffers; the host sums them (and sums 
 their value-head group, params over batch and time). No atomics.
 
     render_recurrent_backward(ir) -> str     the module's source (deterministic)
-    load_recurrent_backward(ir)   -> module  written to the cache directory and imported
+    (runtime.compile.load_recurrent_backward(ir) writes it to the cache directory and imports it)
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import cache
-from pathlib import Path
-from types import ModuleType
 
 import jinja2
 import sympy as sp
@@ -371,10 +369,3 @@ def _context(ir: IR) -> dict[str, object]:
 def render_recurrent_backward(ir: IR) -> str:
     """The full source of the recurrent backward module for `ir` (deterministic)."""
     return _env().get_template("recurrent_bwd.jinja").render(**_context(ir))
-
-
-def load_recurrent_backward(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
-    """Render, write (Triton's JIT reads kernel source from real files) and import the backward module."""
-    from ..runtime.compile import load_source_module
-
-    return load_source_module(render_recurrent_backward(ir), "recurrent_bwd", ir.name, cache_dir)

@@ -1,18 +1,18 @@
-"""Elementwise expressions: the sympy function library, and evaluation of sympy trees on torch.
+"""Elementwise expressions: the sympy function library.
 
 Spec expressions (gate maps, the preconditioner's bounded map, gains) become sympy trees over the
 spec's input symbols, so later stages can differentiate them symbolically. The functions sympy lacks
-(sigmoid, softplus, ...) are defined here with their derivatives and sign facts; `evaluate` turns a
-tree into torch ops through one rule table, using the numerically stable torch forms.
+(sigmoid, softplus, ...) are defined here with their derivatives and sign facts; runtime/evaluate.py
+turns a tree into torch ops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import sympy as sp
-import torch
-import torch.nn.functional as F
+
+from ..dsl.functions import FUNCTION_ARITY
 
 
 class sigmoid(sp.Function):  # noqa: N801 - spec-facing name
@@ -89,7 +89,7 @@ class silu(sp.Function):  # noqa: N801
         return self.args[0].is_extended_real
 
 
-# Spec function name -> (arity, sympy builder). The checker uses the keys for "unknown function".
+# Spec function name -> (arity, sympy builder): one entry per function of the language (dsl/functions.py).
 FUNCTIONS: dict[str, tuple[int, Callable[..., sp.Expr]]] = {
     "exp": (1, sp.exp),
     "log": (1, sp.log),
@@ -105,22 +105,6 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., sp.Expr]]] = {
 }
 
 
-# --- evaluation on torch ----------------------------------------------------------------------------
-Value = torch.Tensor | float
-
-_UNARY: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    sp.exp: torch.exp,
-    sp.log: torch.log,
-    sp.Abs: torch.abs,
-    sp.tanh: torch.tanh,
-    sigmoid: torch.sigmoid,
-    logsigmoid: F.logsigmoid,
-    softplus: F.softplus,
-    softsign: lambda x: x / (1 + x.abs()),
-    silu: F.silu,
-}
-
-
 def diff_by_name(expr: sp.Expr, name: str) -> sp.Expr:
     """d expr / d (every free symbol called `name`: symbols may differ only in their assumptions)."""
     out = sp.Integer(0)
@@ -130,44 +114,4 @@ def diff_by_name(expr: sp.Expr, name: str) -> sp.Expr:
     return out
 
 
-def _as_tensor(x: Value, like: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x
-    dtype = like.dtype if like is not None else torch.float64
-    device = like.device if like is not None else None
-    return torch.tensor(x, dtype=dtype, device=device)
-
-
-def evaluate(expr: sp.Expr, env: Mapping[str, Value], like: torch.Tensor | None = None) -> Value:
-    """Evaluate `expr` with symbols bound by name in `env` (tensors broadcast together)."""
-    if expr.is_Symbol:
-        return env[expr.name]
-    if expr.is_Number:
-        return float(expr)
-    if expr.is_Add:
-        out: Value = 0.0
-        for a in expr.args:
-            out = out + evaluate(a, env, like)
-        return out
-    if expr.is_Mul:
-        out = 1.0
-        for a in expr.args:
-            out = out * evaluate(a, env, like)
-        return out
-    if expr.is_Pow:
-        base, ex = expr.args
-        b = evaluate(base, env, like)
-        if ex == sp.Rational(1, 2):
-            return torch.sqrt(_as_tensor(b, like))
-        if ex == -1:
-            return 1.0 / b
-        if ex.is_Integer and isinstance(b, torch.Tensor):
-            return b ** int(ex)
-        e = evaluate(ex, env, like)
-        if isinstance(b, float) and isinstance(e, float):
-            return b ** e
-        return _as_tensor(b, like) ** e
-    fn = _UNARY.get(type(expr))
-    if fn is not None:
-        return fn(_as_tensor(evaluate(expr.args[0], env, like), like))
-    raise NotImplementedError(f"cannot evaluate {expr!r} ({type(expr).__name__})")
+assert {k: v[0] for k, v in FUNCTIONS.items()} == FUNCTION_ARITY, "dsl/functions.py and FUNCTIONS disagree"

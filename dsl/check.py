@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..compiler.exprs import FUNCTIONS
 from . import ast
 from .errors import (
     BadDefault,
@@ -31,6 +30,7 @@ from .errors import (
     WrongCoreRole,
     did_you_mean,
 )
+from .functions import FUNCTION_ARITY
 
 ROLES_INPUT = ("key", "value", "token", "key_channel", "value_channel")
 ROLES_PARAM = ("head", "key_channel", "value_channel")
@@ -93,7 +93,7 @@ class Scope:
 
     def kind_of(self, e: ast.Expr | ast.KwArg) -> Kind:
         """The kind of an expression, raising located errors for bad names and calls."""
-        return _kind(e, self, FUNCTIONS)
+        return _kind(e, self, FUNCTION_ARITY)
 
     def names_in(self, e: ast.Expr) -> list[ast.Var]:
         out: list[ast.Var] = []
@@ -114,7 +114,7 @@ class Scope:
         return out
 
 
-def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict) -> Kind:
+def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict[str, int]) -> Kind:
     match e:
         case ast.Num():
             return Kind()
@@ -142,7 +142,7 @@ def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict) -> Kind:
                 raise UnknownFunction(
                     loc, hint=did_you_mean(f, functions) or None, name=f, known=", ".join(sorted(functions))
                 )
-            arity = functions[f][0]
+            arity = functions[f]
             for a in args:
                 if isinstance(a, ast.KwArg):
                     raise KeywordInExpression(a.loc, name=a.name)

@@ -17,6 +17,10 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from ..codegen.chunk import render_chunk
+from ..codegen.recurrent import render_recurrent
+from ..codegen.recurrent_bwd import render_recurrent_backward
+from ..compiler.ir import IR
 from .api import Recurrence, load
 
 
@@ -101,6 +105,21 @@ def load_source_module(source: str, kind: str, name: str, cache_dir: str | Path 
         raise
     _SOURCE_MODULES[mod_name] = module
     return module
+
+
+def load_chunk(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
+    """Render, write (Triton's JIT reads kernel source from real files) and import the chunk module of `ir`."""
+    return load_source_module(render_chunk(ir), "chunk", ir.name, cache_dir)
+
+
+def load_recurrent(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
+    """Render, write and import the recurrent (decode) module of `ir`."""
+    return load_source_module(render_recurrent(ir), "recurrent", ir.name, cache_dir)
+
+
+def load_recurrent_backward(ir: IR, cache_dir: str | Path | None = None) -> ModuleType:
+    """Render, write and import the recurrent backward module of `ir`."""
+    return load_source_module(render_recurrent_backward(ir), "recurrent_bwd", ir.name, cache_dir)
 
 
 def compile(spec: str | Path | Recurrence, cache_dir: str | Path | None = None) -> ModuleType:  # noqa: A001

@@ -44,10 +44,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compiler.exprs import evaluate
 from ..compiler.ir import TensorDecl
 from .api import Recurrence, load
 from .compile import compile as compile_spec
+from .evaluate import evaluate
 
 LAMBDA_INIT = 0.01
 

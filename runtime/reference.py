@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import sympy as sp
 import torch
 
-from ..compiler.exprs import evaluate
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
+from .evaluate import evaluate
 from .tensors import Dims, TensorError, check_cu_seqlens, check_inputs
 
 

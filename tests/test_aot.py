@@ -2,7 +2,7 @@
 
 The package's host code runs with Triton's launcher replaced by a recorder, so the kernels compiled are
 exactly those the forward, decode and backward paths launch, with the specialisations they launch with
-(codegen/report.py). ptxas reports registers and spills; a failure to compile fails the test.
+(runtime/report.py). ptxas reports registers and spills; a failure to compile fails the test.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import dgps
-from dgps.codegen.report import aot_report, format_report
+from dgps.runtime.report import aot_report, format_report
 
 SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.dgps"))
 

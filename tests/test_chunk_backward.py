@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import dgps
-from dgps.codegen.chunk import load_chunk, render_chunk, supports_chunk, supports_chunk_backward
+from dgps.codegen.chunk import render_chunk, supports_chunk, supports_chunk_backward
+from dgps.runtime.compile import load_chunk
 from dgps.runtime.reference import random_states, state_shapes
 from dgps.runtime.tensors import Dims, TensorError
 

@@ -20,7 +20,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.chunk import load_chunk, render_chunk, supports_chunk  # noqa: E402
+from dgps.codegen.chunk import render_chunk, supports_chunk  # noqa: E402
+from dgps.runtime.compile import load_chunk  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dgps.compiler.interpret import decayed_scores, run_plan
 from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
+from dgps.runtime.interpret import decayed_scores, run_plan
 from dgps.runtime.reference import reference, state_shapes
 from dgps.runtime.tensors import Dims
 

@@ -17,8 +17,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.chunk import _kept_buffers, load_chunk, supports_chunk, supports_chunk_backward  # noqa: E402
+from dgps.codegen.chunk import _kept_buffers, supports_chunk, supports_chunk_backward  # noqa: E402
 from dgps.compiler.plan import build_backward_plan, build_plan, launch_of  # noqa: E402
+from dgps.runtime.compile import load_chunk  # noqa: E402
 
 SPECS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "specs").glob("*.dgps"))
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"

@@ -20,11 +20,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.recurrent_bwd import (  # noqa: E402
-    RecurrentBackwardCodegenError,
-    load_recurrent_backward,
-    render_recurrent_backward,
-)
+from dgps.codegen.recurrent_bwd import RecurrentBackwardCodegenError, render_recurrent_backward  # noqa: E402
+from dgps.runtime.compile import load_recurrent_backward  # noqa: E402
 from dgps.runtime.reference import random_states, state_shapes  # noqa: E402
 from dgps.runtime.tensors import Dims, TensorError  # noqa: E402
 

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import dgps
-from dgps.codegen.recurrent import RecurrentCodegenError, load_recurrent, render_recurrent
+from dgps.codegen.recurrent import RecurrentCodegenError, render_recurrent
+from dgps.runtime.compile import load_recurrent
 from dgps.runtime.reference import state_shapes
 from dgps.runtime.tensors import Dims, TensorError
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.api import Recurrence
+from .api import Recurrence
 
 HOPPER = ("cuda", 90, 32)
 
@@ -119,7 +119,7 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
     holds interpreter objects that cannot be compiled for a GPU.
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "dgps.codegen.report", "--T", str(T), "--dims", *map(str, dims)]
+    cmd = [sys.executable, "-m", "dgps.runtime.report", "--T", str(T), "--dims", *map(str, dims)]
     proc = subprocess.run(cmd, input=rec.source, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"AOT compile report failed for {rec.name}:\n{proc.stderr[-4000:]}")
@@ -127,10 +127,10 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
 
 
 def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[KernelReport]:
-    from ..runtime.compile import import_package, write_package
-    from ..runtime.reference import initial_states
-    from ..runtime.tensors import check_inputs
-    from .package import cache_key
+    from ..codegen.package import cache_key
+    from .compile import import_package, write_package
+    from .reference import initial_states
+    from .tensors import check_inputs
 
     ir = rec.ir
     reports: list[KernelReport] = []
@@ -176,7 +176,7 @@ def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[Ker
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ..runtime.api import load
+    from .api import load
 
     parser = argparse.ArgumentParser(description="AOT-compile a spec's kernels for sm_90; spec text on stdin")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])

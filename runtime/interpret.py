@@ -21,11 +21,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..runtime.reference import RecurrenceOutput, build_env, initial_states
-from ..runtime.tensors import check_cu_seqlens, check_inputs
-from .exprs import evaluate
-from .ir import IR, KTILDE, STAT
-from .plan import Plan, Stage
+from ..compiler.ir import IR, KTILDE, STAT
+from ..compiler.plan import Plan, Stage
+from .evaluate import evaluate
+from .reference import RecurrenceOutput, build_env, initial_states
+from .tensors import check_cu_seqlens, check_inputs
 
 DTYPE = torch.float64
 Value = torch.Tensor | list[torch.Tensor]
