@@ -2,11 +2,18 @@
 
 `render_chunk(ir)` returns the full source of a self-contained Python module: Triton kernels for the
 stages of chunkwise.md §7 plus host code whose `chunk_forward(inputs, ...)` returns a
-`RecurrenceOutput` like the sequential reference. `runtime.compile.load_chunk(ir)` writes that source to a cache
-directory and imports it (Triton needs real source files). `supports_chunk(ir)` says whether this
-generator handles a spec, and why not.
+`RecurrenceOutput` like the sequential reference.
 
-Stages (the names of the chunk plan; each is a named block in codegen/templates/chunk_module.jinja):
+The plan decides what is launched: `FORWARD_RULES` / `BACKWARD_RULES` map each launch of the chunk plan
+(a stage, with the stages fused into it) and of its backward plan to one kernel template, in the plan's
+order; the backward plan's kept and recomputed stages decide what a training forward returns and what the
+backward reruns. Structure enters the templates through hooks: `decay_hook` (codegen/decay.py) for the
+decay kind, `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV, warps, stages) are a
+per-stage table in the generated host code; every kernel takes only the parameters its body uses.
+`runtime.compile.load_chunk(ir)` writes that source to a cache directory and imports it (Triton needs real
+source files). `supports_chunk(ir)` says whether this generator handles a spec, and why not.
+
+Stages (the names of the chunk plan; each is one template in codegen/templates/):
 
     l2norm, gates        fused into every tile load (full dk rows, so the row norm is local)
     chunk_cumsum         chunk-local cumsum of the log-gate, in log2 space (exp2 everywhere)
@@ -47,6 +54,7 @@ import sympy as sp
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
 from ..compiler.plan import build_backward_plan, build_plan, launch_of
+from .decay import decay_hook
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -135,14 +143,45 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
     return True, ""
 
 
-# backward plan stage kind -> (launch-config name, kernel, grid kind)
-_BWD_KERNELS = {
-    "bwd_state_pass": ("bwd_state", "chunk_bwd_state_kernel", "state"),
-    "bwd_grads": ("bwd_grads", "chunk_bwd_grad_kernel", "chunk"),
-    "bwd_curvature_query": ("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv"),
-    "bwd_precond_diag": ("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp"),
-    "bwd_inputs": ("bwd_inputs", "chunk_bwd_inputs_kernel", "chunk"),
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of the chunk module: the launch-table name, the kernel, its grid kind, its template."""
+
+    name: str
+    kernel: str
+    grid: str
+    template: str
+
+
+# The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
+# Grid kinds: chunk (NT, HV); rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
+# statistic / value head, sequential over chunks); state (dv blocks, sequences × heads); output (dv blocks, NT, HV).
+FORWARD_RULES = {
+    "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
+    "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
+    "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "seq_hp", "chunk_precond_diag.jinja"),
+    "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "seq_hv",
+                              "chunk_curvature_query.jinja"),
+    "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction.jinja"),
+    "wy": Launch("wy", "chunk_wy_kernel", "chunk", "chunk_wy.jinja"),
+    "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state", "chunk_state_pass.jinja"),
+    "output": Launch("output", "chunk_output_kernel", "output", "chunk_output.jinja"),
 }
+BACKWARD_RULES = {
+    "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state", "chunk_bwd_state.jinja"),
+    "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk", "chunk_bwd_grad.jinja"),
+    "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv",
+                                  "chunk_bwd_curvature_query.jinja"),
+    "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
+                               "chunk_bwd_precond_diag.jinja"),
+    "bwd_inputs": Launch("bwd_inputs", "chunk_bwd_inputs_kernel", "chunk", "chunk_bwd_inputs.jinja"),
+}
+
+
+def forward_launches(ir: IR) -> list[Launch]:
+    """The forward plan's launches in order (fused stages run inside their consumer's launch)."""
+    names = dict.fromkeys(h for st in build_plan(ir, BT, BC).stages() if (h := launch_of(st)) is not None)
+    return [FORWARD_RULES[n] for n in names]
 
 
 def _backward_context(ir: IR, em: _Emitter) -> dict:
@@ -156,7 +195,7 @@ def _backward_context(ir: IR, em: _Emitter) -> dict:
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k)]
-    return dict(backward=True, grad_code=grad_code, parts=parts, bwd_launches=[_BWD_KERNELS[k] for k in bplan.kinds()],
+    return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
                 bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept)
 
 
@@ -321,6 +360,7 @@ def _context(ir: IR) -> dict:
         input_names=[d.name for d in ir.inputs],
         ptrs=", ".join(f"p_{d.name}" for d in ir.inputs),
         decay=decay,
+        decay_hook=decay_hook(ir.decay.kind),
         delta=delta,
         route=ir.route,
         pdn=ir.precond.kind == "diag",
@@ -353,8 +393,12 @@ def _context(ir: IR) -> dict:
     try:
         ctx.update(_backward_context(ir, em))
     except (NotImplementedError, ValueError, KeyError) as exc:
-        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[])
+        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
+                   backward_launches=[])
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
+    # the plan's launches and the attributes the templates follow
+    ctx.update(forward_launches=forward_launches(ir))
+    ctx.update(inline_scores=bool(build_plan(ir, BT, BC).stage("output").attr("inline_scores")))
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx

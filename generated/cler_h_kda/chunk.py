@@ -559,6 +559,7 @@ def chunk_output_kernel(
                       mask=m_k[:, None] & m_v[None, :], other=0.)
         _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        # the scores come from the interaction stage (Sqa); the decay of the carried state is applied per block
         b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_o += _mm(b_q * tl.exp2(b_g), b_h, DT_ID)
         _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -991,15 +992,15 @@ DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten 
 
 
 def _kernels():
-    """(name, kernel, grid kind) of the forward, in launch order."""
-    ks = []
-    ks.append(("l2norm", chunk_l2norm_kernel, "rows"))
-    ks.append(("chunk_cumsum", chunk_cumsum_kernel, "chunk"))
-    ks.append(("interaction", chunk_interaction_kernel, "chunk"))
-    ks.append(("wy", chunk_wy_kernel, "chunk"))
-    ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    ks.append(("output", chunk_output_kernel, "output"))
-    return ks
+    """(name, kernel, grid kind) of the forward: the plan's launches, in its order."""
+    return [
+        ("l2norm", chunk_l2norm_kernel, "rows"),
+        ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
+        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("output", chunk_output_kernel, "output"),
+    ]
 
 
 _FORWARD_STAGES = tuple(k[0] for k in _kernels())

@@ -847,15 +847,15 @@ DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten 
 
 
 def _kernels():
-    """(name, kernel, grid kind) of the forward, in launch order."""
-    ks = []
-    ks.append(("l2norm", chunk_l2norm_kernel, "rows"))
-    ks.append(("precond_diag", chunk_precond_diag_kernel, "seq_hp"))
-    ks.append(("interaction", chunk_interaction_kernel, "chunk"))
-    ks.append(("wy", chunk_wy_kernel, "chunk"))
-    ks.append(("state_pass", chunk_state_pass_kernel, "state"))
-    ks.append(("output", chunk_output_kernel, "output"))
-    return ks
+    """(name, kernel, grid kind) of the forward: the plan's launches, in its order."""
+    return [
+        ("l2norm", chunk_l2norm_kernel, "rows"),
+        ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
+        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("output", chunk_output_kernel, "output"),
+    ]
 
 
 _FORWARD_STAGES = tuple(k[0] for k in _kernels())
