@@ -163,44 +163,72 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _count(text: str) -> int:
+    """A positive integer argument (sizes, counts): a one-line usage error otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help lists every option's default."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dgps", description="Compile linear-attention recurrences from DGPS specs.")
+    from ._version import __version__
+
+    p = argparse.ArgumentParser(prog="dgps", description="Compile linear-attention recurrences from DGPS specs.",
+                                formatter_class=_Help)
+    p.add_argument("--version", action="version", version=f"dgps {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("check", help="parse and check spec files; located errors, exit 1 on any")
+    c = sub.add_parser("check", help="parse and check spec files; located errors, exit 1 on any",
+                       formatter_class=_Help)
     c.add_argument("specs", nargs="+")
     c.add_argument("-q", "--quiet", action="store_true")
-    s = sub.add_parser("show", help="print one pipeline stage of a spec")
+    s = sub.add_parser("show", help="print one pipeline stage of a spec", formatter_class=_Help)
     s.add_argument("spec")
     s.add_argument("--stage", default="ir", choices=["ast", "ir", "plan", "source"])
     s.add_argument("--format", default="text", choices=["text", "dot"], help="plan only: text or Graphviz dot")
-    c = sub.add_parser("compile", help="write an importable Python package for a spec")
+    c = sub.add_parser("compile", help="write an importable Python package for a spec", formatter_class=_Help)
     c.add_argument("spec")
     c.add_argument("-o", "--output", required=True, help="package directory to write")
     c.add_argument("--report", action="store_true", help="compile every kernel for Hopper (sm_90) and list "
                    "registers, shared memory and spills")
-    c.add_argument("--report-dims", type=int, nargs="+", default=[64, 128], metavar="D")
-    v = sub.add_parser("verify", help="compile and check the kernels against the derived reference")
+    c.add_argument("--report-dims", type=_count, nargs="+", default=[64, 128], metavar="D")
+    v = sub.add_parser("verify", help="compile and check the kernels against the derived reference",
+                       formatter_class=_Help)
     v.add_argument("spec")
-    v.add_argument("--B", type=int, default=2)
-    v.add_argument("--T", type=int, default=45)
-    v.add_argument("--H", type=int, default=2)
-    v.add_argument("--HV", type=int, default=None)
-    v.add_argument("--dk", type=int, default=32)
-    v.add_argument("--dv", type=int, default=32)
-    v.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--B", type=_count, default=2, help="batch size")
+    v.add_argument("--T", type=_count, default=45, help="tokens per sequence")
+    v.add_argument("--H", type=_count, default=2, help="key heads")
+    v.add_argument("--HV", type=_count, default=None, help="value heads, a multiple of H (default: H)")
+    v.add_argument("--dk", type=_count, default=32, help="key head size")
+    v.add_argument("--dv", type=_count, default=32, help="value head size")
+    v.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="input dtype")
+    v.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     v.add_argument("--varlen", action="store_true", help="pack the batch into one sequence with cu_seqlens")
     v.add_argument("--no-backward", action="store_true", help="skip the gradient check (fp32, vs float64 autograd)")
-    f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference")
-    f.add_argument("--count", type=int, default=50)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--T", type=int, default=20)
-    f.add_argument("--out", default=".", help="where a minimal failing spec is written")
+    f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference",
+                       formatter_class=_Help)
+    f.add_argument("--count", type=_count, default=50, help="specs to draw")
+    f.add_argument("--seed", type=int, default=0, help="seed of the spec draw")
+    f.add_argument("--T", type=_count, default=20, help="tokens per sequence")
+    f.add_argument("--out", default=".", metavar="DIR",
+                   help="directory where a minimal failing spec is written (fuzz-failure-<id>.dgps)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "verify" and args.HV is not None and args.HV % args.H:
+        parser.error(f"argument --HV: must be a multiple of --H = {args.H}, got {args.HV}")
+    if args.command == "fuzz" and (Path(args.out).suffix == ".dgps" or Path(args.out).is_file()):
+        parser.error(f"argument --out: names a directory for failing specs, got {args.out!r}")
     try:
         return COMMANDS[args.command](args)
     except SpecError as e:

@@ -95,6 +95,8 @@ def random_inputs(ir: IR, B: int, T: int, H: int, dk: int, dv: int, HV: int | No
 
 def load(spec: str | Path, filename: str | None = None) -> Recurrence:
     """Load a spec from a path or from spec text; raises dgps.SpecError (located) on a bad spec."""
+    if (isinstance(spec, Path) or "\n" not in spec) and Path(spec).is_dir():
+        raise IsADirectoryError(f"dgps.load: {spec} is a directory; pass a spec file or spec text")
     if isinstance(spec, Path) or ("\n" not in spec and spec.endswith(".dgps")):
         path = Path(spec)
         text = path.read_bytes().decode("utf-8")  # no newline translation: columns match the file

@@ -97,3 +97,40 @@ def test_check_in_process_matches(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     assert out == f"{SPECS[0]}: ok ({SPECS[0].stem})\n"
     assert sum(": error: " in line for line in err.splitlines()) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["verify", "specs/gdn.dgps", "--T", "0"], "argument --T: expected a positive integer, got 0"),
+    (["verify", "specs/gdn.dgps", "--dk", "0"], "argument --dk: expected a positive integer, got 0"),
+    (["verify", "specs/gdn.dgps", "--B", "two"], "argument --B: expected a positive integer, got 'two'"),
+    (["verify", "specs/gdn.dgps", "--HV", "3"], "argument --HV: must be a multiple of --H = 2, got 3"),
+    (["fuzz", "--count", "0"], "argument --count: expected a positive integer, got 0"),
+    (["fuzz", "--out", "x.dgps"], "argument --out: names a directory for failing specs, got 'x.dgps'"),
+    (["compile", "specs/gdn.dgps", "-o", "x", "--report-dims", "-1"],
+     "argument --report-dims: expected a positive integer, got -1"),
+])
+def test_bad_numbers_are_one_line_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
+    r = dgps(*args, cwd=ROOT)
+    assert r.returncode == 2
+    no_traceback(r)
+    assert r.stdout == ""
+    assert r.stderr.splitlines()[-1].endswith(message), r.stderr
+    assert not (ROOT / "x.dgps").exists() and not (ROOT / "x").exists()
+
+
+def test_version_and_defaults_in_help() -> None:
+    from dgps import __version__
+
+    r = dgps("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"dgps {__version__}"
+    r = dgps("verify", "--help")
+    assert r.returncode == 0
+    assert "(default: 45)" in r.stdout and "(default: fp32)" in r.stdout
+
+
+def test_load_a_directory_says_so(tmp_path: Path) -> None:
+    import dgps as dg
+
+    for arg in (tmp_path, str(tmp_path), f"{tmp_path}/"):
+        with pytest.raises(IsADirectoryError, match="is a directory; pass a spec file or spec text"):
+            dg.load(arg)
