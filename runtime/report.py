@@ -119,6 +119,7 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
     holds interpreter objects that cannot be compiled for a GPU.
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["DGPS_NO_AUTO_INTERPRET"] = "1"  # real JIT functions, compiled for sm_90 without a GPU
     cmd = [sys.executable, "-m", "dgps.runtime.report", "--T", str(T), "--dims", *map(str, dims)]
     proc = subprocess.run(cmd, input=rec.source, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:

@@ -153,6 +153,9 @@ def forward(
     Differentiable with respect to every input, param and initial state (chunked backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v, g, beta))
+    if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise dgps.TensorError(f"kda.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
+                               "(cast the inputs, or use reference(...) for float64)")
     ranges = check_cu_seqlens(cu_seqlens, dims)
     states = initial_states(IR, dims, len(ranges) if ranges else dims.B, initial_state, torch.float32, x["q"].device)
     states = {n: s.float() for n, s in states.items()}

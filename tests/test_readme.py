@@ -1,0 +1,43 @@
+"""The README's Python blocks run as written, in a fresh process without TRITON_INTERPRET (dgps selects the
+interpreter by itself on a machine without a GPU and says so on one line)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_python_blocks_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks, "the README has Python blocks"
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DGPS_NO_AUTO_INTERPRET")}
+    for code in blocks:
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        if not _has_gpu():
+            assert "run under the interpreter" in r.stderr
+
+
+def test_float64_to_the_kernels_is_a_clear_error() -> None:
+    import pytest
+    import torch
+
+    import dgps
+
+    rec = dgps.load(ROOT / "specs" / "gdn.dgps")
+    pkg = dgps.compile(rec)
+    x = rec.random_inputs(B=1, T=8, H=1, dk=16, dv=16, dtype=torch.float64, seed=0)
+    with pytest.raises(dgps.TensorError, match=r"take bf16, fp16 or fp32 inputs; q is torch.float64"):
+        pkg.forward(**x)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
