@@ -95,7 +95,9 @@ def random_inputs(ir: IR, B: int, T: int, H: int, dk: int, dv: int, HV: int | No
 
 def load(spec: str | Path, filename: str | None = None) -> Recurrence:
     """Load a spec from a path or from spec text; raises dgps.SpecError (located) on a bad spec."""
-    if (isinstance(spec, Path) or "\n" not in spec) and Path(spec).is_dir():
+    one_word = isinstance(spec, str) and spec.strip() == spec and spec not in ("", ".", "..") and not any(
+        c.isspace() for c in spec)
+    if (isinstance(spec, Path) or one_word) and Path(spec).is_dir():
         raise IsADirectoryError(f"dgps.load: {spec} is a directory; pass a spec file or spec text")
     if isinstance(spec, Path) or ("\n" not in spec and spec.endswith(".dgps")):
         path = Path(spec)
