@@ -108,7 +108,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .runtime.compile import write_package
 
     rec = _load(args.spec)
-    written = write_package(rec, args.output)
+    written = write_package(rec, args.output, cached=True)  # from the package cache when it holds the spec
     for path in written:
         print(path)
     if args.report:

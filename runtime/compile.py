@@ -32,11 +32,38 @@ def cache_root() -> Path:
     return Path(base) / "dgps"
 
 
-def write_package(rec: Recurrence, out_dir: str | Path, module_name: str | None = None) -> list[Path]:
-    """Render and write the package for `rec` into `out_dir` (created; existing files replaced)."""
+def _cached_files(rec: Recurrence, cache_dir: str | Path | None = None) -> dict[str, str]:
+    """The package files of `rec` (default module name) from the cache, rendered and stored there if absent."""
+    from ..codegen.package import cache_key
+
+    target = (Path(cache_dir) if cache_dir is not None else cache_root()) / f"{rec.name}_{cache_key(rec.source)}"
+    if not (target / "metadata.json").exists():
+        _store(rec, target)
+    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+
+
+def _store(rec: Recurrence, target: Path) -> None:
+    """Write the package of `rec` to the cache entry `target`, atomically (a temporary folder, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{rec.name}_", dir=target.parent))
+    try:
+        write_package(rec, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; its files are identical
+            pass
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_package(rec: Recurrence, out_dir: str | Path, module_name: str | None = None, *,
+                  cached: bool = False) -> list[Path]:
+    """Render and write the package for `rec` into `out_dir` (created; existing files replaced). `cached`:
+    take the files from the package cache (DGPS_CACHE_DIR) when it holds them, and fill it when not."""
     from ..codegen.package import render_package
 
-    files = render_package(rec, module_name)
+    files = _cached_files(rec) if cached and module_name is None else render_package(rec, module_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -131,15 +158,5 @@ def compile(spec: str | Path | Recurrence, cache_dir: str | Path | None = None) 
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / f"{rec.name}_{key}"
     if not (target / "metadata.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{rec.name}_", dir=root))
-        try:
-            write_package(rec, tmp)
-            try:
-                tmp.rename(target)
-            except OSError:  # another process won the race; its files are identical
-                pass
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        _store(rec, target)
     return import_package(target, f"dgps_compiled.{rec.name}_{key}")

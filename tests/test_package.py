@@ -88,3 +88,20 @@ def test_cli_show_plan_dot() -> None:
     proc = _dgps("show", "specs/ccq_gdn.dgps", "--stage", "plan", "--format", "dot")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("digraph") and "curvature_query" in proc.stdout
+
+
+def test_cli_compile_uses_the_package_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dgps compile` takes the files from DGPS_CACHE_DIR when the cache holds the spec (as dgps.compile does)."""
+    import dgps.codegen.package as package
+    from dgps.cli import main
+
+    monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    render = package.render_package
+    monkeypatch.setattr(package, "render_package", lambda *a, **k: calls.append(1) or render(*a, **k))
+    spec = str(Path(__file__).resolve().parents[1] / "specs" / "gdn.dgps")
+    assert main(["compile", spec, "-o", str(tmp_path / "a")]) == 0
+    assert main(["compile", spec, "-o", str(tmp_path / "b")]) == 0
+    assert len(calls) == 1, "the second compile rendered again instead of reading the cache"
+    for f in (tmp_path / "a").iterdir():
+        assert (tmp_path / "b" / f.name).read_text() == f.read_text()
