@@ -1,7 +1,7 @@
 """Chunked (block-parallel) Triton forward and backward kernels for the tied DGPS families, from Jinja2.
 
 `render_chunk(ir)` returns the full source of a self-contained Python module: Triton kernels for the
-stages of chunkwise.md §7 plus host code whose `chunk_forward(inputs, ...)` returns a
+stages of docs/chunk_forms.md §7 plus host code whose `chunk_forward(inputs, ...)` returns a
 `RecurrenceOutput` like the sequential reference.
 
 The plan decides what is launched: `FORWARD_RULES` / `BACKWARD_RULES` map each launch of the chunk plan
@@ -26,7 +26,7 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     state_pass           sequential over chunks: H_n, U = Ũ − W H_n (delta) or βZ (additive)
     output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual: Z − (E⊙e^B)H_n − L'U)
 
-Backward stages (chunkwise.md §8; `chunk_backward(...)` recomputes the forward's chunk buffers first):
+Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the forward's chunk buffers first):
 
     bwd_state_pass       reverse over chunks: dU = scale (Q̂⋆A)ᵀdO + (A⊙e^{b_c−B}) dH_{n+1},
                          dH_n = e^{b_c} dH_{n+1} + scale (Q̂⊙e^B)ᵀ dO − Wᵀ dU (+ residual-route terms)
@@ -38,7 +38,7 @@ Backward stages (chunkwise.md §8; `chunk_backward(...)` recomputes the forward'
     bwd_inputs           the chain rule to every input and param (sympy derivatives), L2-norm backward
 
 Generated code only uses exp2 of non-positive arguments: scalar decay uses the c×c mask form,
-vector decay uses sub-chunk (16-token) reference points (chunkwise.md §3).
+vector decay uses sub-chunk (16-token) reference points (docs/chunk_forms.md §3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The canonical IR: DESIGN.md §1's form as small frozen dataclasses.
+"""The canonical IR: the canonical recurrence (README, "The spec language") as small frozen dataclasses.
 
     S̄_t = S_{t-1} D_t
     S_t = S̄_t + (X_t e_t) f_tᵀ + v'_t w_tᵀ      X_t = S̄_t (erase reads the decayed state) or S_{t-1}
@@ -96,7 +96,7 @@ class Solve:
     erase_reads: str = "decayed"  # or 'undecayed' (FLA's dplr / RWKV-7)
 
     def canonical(self) -> tuple[sp.Expr, sp.Expr, sp.Expr, sp.Expr]:
-        """(e, f, v', w) of DESIGN.md's canonical form."""
+        """(e, f, v', w) of the README's canonical form."""
         vprime = sp.Mul(self.beta, self.target)
         if self.kind == "additive":
             return sp.Integer(0), sp.Integer(0), vprime, self.write_key

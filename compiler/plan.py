@@ -6,7 +6,7 @@ analysis -- decay kind; additive / tied / untied (the *family*); preconditioner 
 read correction; route -- whether its stage appears and how. No rule looks at the system's name, so
 specs that share structure share plan shape (gla and simple_gla differ only in the decay attribute).
 
-Stage kinds and what they compute (chunkwise.md section numbers in brackets):
+Stage kinds and what they compute (docs/chunk_forms.md section numbers in brackets):
 
     l2norm            q, k -> qn, kn
     gates             elementwise gate / gain / key expressions (sympy, evaluated per token)
@@ -591,7 +591,7 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     return plan
 
 
-# --- the backward plan (chunkwise.md §8): store inputs, recompute the rest, reverse the stages ------------
+# --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_precond_diag", "bwd_inputs")
 
 

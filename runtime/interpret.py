@@ -1,7 +1,7 @@
 """A plain-torch interpreter of chunk plans (float64, CPU): rung 2 of the validation ladder.
 
 `run_plan` executes a plan stage by stage, one implementation per stage kind (`STAGE_IMPLS`), with the
-chunk forms of chunkwise.md. It checks the lowering: the same plan a Triton kernel is generated from,
+chunk forms of docs/chunk_forms.md. It checks the lowering: the same plan a Triton kernel is generated from,
 run with exact arithmetic-ish precision, must equal the sequential reference derived from the IR.
 
 Numerics follow what a kernel must do: decay factors are exponentials of non-positive numbers only --

@@ -1,7 +1,7 @@
 """The sequential reference, derived from the IR: token by token, any dtype, autograd throughout.
 
-Nothing here knows a system by name. Every step is DESIGN.md §1's canonical form, with the parts read
-off the IR:
+Nothing here knows a system by name. Every step is the canonical recurrence (README, "The spec language"),
+with the parts read off the IR:
 
     S̄_t = S_{t-1} D_t;  precond stats;  S_t = S̄_t + f (eᵀ X) + w v'ᵀ  (h = Sᵀ layout);  o_t = scale · S_tᵀ q'_t
 

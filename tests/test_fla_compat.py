@@ -5,7 +5,7 @@ fla/ops/<op>/chunk.py with `ast`, so fla's Triton modules are never imported) eq
 (B, T, H, K = V small, the kernels run under TRITON_INTERPRET=1) our outputs and final states agree with FLA's
 naive recurrent reference called on the same arguments (relative error by norm ≤ 1e-5), and the gradients of a
 random linear loss with respect to every input and initial state agree with autograd through the naive
-(≤ 1e-4). Naive argument orders follow chunkwise.md §9 (β before g in GDN, head-first DeltaNet, g before g_atk
+(≤ 1e-4). Naive argument orders follow docs/chunk_forms.md §9 (β before g in GDN, head-first DeltaNet, g before g_atk
 in PKDA). Where a naive lacks a feature the chunk API has (GVA, cu_seqlens, in-kernel gates or L2 norm), the
 reference is built around it from plain torch: keys repeated per value head, one naive call per sequence, the
 gate/β/L2 maps applied before the call.

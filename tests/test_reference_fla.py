@@ -1,9 +1,9 @@
 """Differential tests: the reference derived from each spec against FLA 0.6.0's naive recurrent references.
 
-This is the check that our reading of DESIGN.md §1 is the field's: same float64 inputs, outputs and final
-states (S, and PGDN/PKDA's statistic A) agree to 1e-10 of the output's size. Argument conventions follow
-chunkwise.md §9 (β before g in GDN, head-first DeltaNet, g before g_atk in PKDA, FLA's state h = Sᵀ, which is
-also the layout our states use).
+This is the check that our reading of the canonical recurrence (README, "The spec language") is the field's:
+same float64 inputs, outputs and final states (S, and PGDN/PKDA's statistic A) agree to 1e-10 of the output's
+size. Argument conventions follow docs/chunk_forms.md §9 (β before g in GDN, head-first DeltaNet, g before g_atk
+in PKDA, FLA's state h = Sᵀ, which is also the layout our states use).
 
 The naive references are loaded straight from their files (`fla/ops/<op>/naive.py`): they import only torch,
 torch.nn.functional and einops, and this skips `import fla`, which pulls in every Triton kernel (~15 s).

@@ -1,6 +1,6 @@
 """Properties of the sequential reference that hold for any inputs (hypothesis draws shapes and seeds).
 
-Each property is a statement about what a spec *means* (DESIGN.md §1), checked independently of how the
+Each property is a statement about what a spec *means* (README, "The spec language"), checked independently of how the
 reference computes it: the ridge-regression identity for exact ATQ/ATK, the CCQ contraction, packing
 (cu_seqlens), continuation from returned states, grouped value heads, gradients, extreme gates and errors.
 """
