@@ -42,8 +42,9 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "bwd_state": itertools.product([full], [16, 32, 64], [4], [1, 2, 3]),
         "bwd_grads": itertools.product([full], [16, 32, 64], [4, 8], [1, 2]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
-        "precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2, 3]),
-        "bwd_precond_diag": itertools.product([full], [64], [2, 4, 8], [1, 2]),
+        # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
+        "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
+        "bwd_precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
         "curvature_query": itertools.product([full], [64], [4, 8], [1, 2, 3]),
         "bwd_curvature_query": itertools.product([full], [64], [4, 8], [1, 2]),
     }[stage]

@@ -455,7 +455,10 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
         parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first)))
         if diag.decay is not None:
-            parts.append(_Part("pdec", diag.decay, None, "a_pdec = " + _tok("apdec_buf", None, nh, hp, first)))
+            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
+            partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
+            parts.append(_Part("pdec", diag.decay, None, "a_pdec = tl.zeros([BT], dtype=tl.float32)\n"
+                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}"))
     if ir.read.kind == "curvature":
         assert ir.read.lam is not None
         parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key")))

@@ -147,7 +147,8 @@ def chunk_cumsum_kernel(
     tl.store(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_g, mask=m_r[:, None] & m_k[None, :])
 
 # ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
-# One program per (sequence, statistic head), sequential over the sequence's chunks; the carry is dk floats.
+# One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
+# chunks: the statistic is elementwise per channel, so channel blocks are independent; the carry is BK floats.
 @triton.jit
 def chunk_precond_diag_kernel(
     p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, stat_buf, cu_seqlens, H: tl.constexpr, HP: tl.constexpr,
@@ -161,7 +162,7 @@ def chunk_precond_diag_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     m_le = o_t[:, None] >= o_t[None, :]
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
@@ -912,10 +913,12 @@ def chunk_bwd_grad_kernel(
     tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
+#   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
+#   channels is written per block (NKP partial sums, added up where the chain rule reads it).
 #   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens, H: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, stat_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens, TT, H: tl.constexpr,
     HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
@@ -926,7 +929,8 @@ def chunk_bwd_precond_diag_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    i_kb = tl.program_id(1)
+    o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
     m_ge = o_t[:, None] <= o_t[None, :]
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
@@ -965,7 +969,7 @@ def chunk_bwd_precond_diag_kernel(
         b_lamt = tl.where(m_ge, tl.exp2(tl.minimum(b_c[None, :] - b_c[:, None], 0.)), 0.)
         b_ab = _mm32(b_lamt, b_dst) + tl.exp2(tl.minimum(b_cl - b_c, 0.))[:, None] * b_carry[None, :]
         b_ab = tl.where(m_rk, b_ab, 0.)
-        tl.store(apdec_buf + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+        tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
         b_carry = tl.sum(tl.exp2(b_c)[:, None] * b_dst, 0) + tl.exp2(b_cl) * b_carry
         tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
         i_tc -= 1
@@ -977,9 +981,9 @@ def chunk_bwd_precond_diag_kernel(
 @triton.jit
 def chunk_bwd_inputs_kernel(
     p_k, p_betaP, p_mu, stat_buf, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, apinc_buf, apdec_buf, dx_q,
-    dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    dx_k, dx_v, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, cu_seqlens, chunk_indices, TT, H: tl.constexpr,
+    HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKP: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1008,7 +1012,9 @@ def chunk_bwd_inputs_kernel(
     d_wkt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
     a_kt = d_wkt * a_a
     a_pinc = tl.load(apinc_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_rk & (i_hv % G == 0), other=0.)
-    a_pdec = tl.load(apdec_buf + rows * H + i_h, mask=m_r & (i_hv % G == 0), other=0.)
+    a_pdec = tl.zeros([BT], dtype=tl.float32)
+    for i_kp in range(0, NKP):
+        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + rows * H + i_h, mask=m_r & (i_hv % G == 0), other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1075,8 +1081,8 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'g_buf', 'kt_buf', 's_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
-    'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
+    'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1161,6 +1167,8 @@ def _default_launch_config(name, DK, DV):
     if name == "bwd_grads":
         return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
+        # the PDN stages can split the key channels (BK < dk); at dk = 128, BK 32 / 8 warps compiles to 105 / 166
+        # registers and no spill (full width: 255 + 216 / 1624 B) but is not yet checked on the H200: not used
         return BK, bv_full, (8 if BK >= 64 else 4), 1
     if name in ("precond_diag", "curvature_query"):
         return BK, bv_full, (8 if wide else 4), 1
@@ -1213,15 +1221,16 @@ class _Run:
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         values.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
                       scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
-                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep)
+                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
+                      NKP=self.nkp)
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
-            elif kind == "seq_hp":
-                grid = (N * HP,)
+            elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
+                grid = (N * HP, triton.cdiv(DK, BK))
             elif kind == "seq_hv":
                 grid = (N * HV,)
             elif kind == "state":
@@ -1315,10 +1324,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if dt_id and interpret:
         dt_id += 2
+    nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-               dummy=dummy, dims=dims)
+               dummy=dummy, dims=dims, nkp=nkp)
     run.launch([k for k in _kernels() if k[0] in stages])
     final = None
     if output_final_state:
@@ -1400,7 +1410,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["da_fin"] = fin("A")
     bufs["da0"] = buf(N * HP * DK)
     bufs["apinc_buf"] = buf(TT * HP * DK)
-    bufs["apdec_buf"] = buf(TT * HP)
+    bufs["apdec_buf"] = buf(run.nkp * TT * HP)  # one partial sum per block of key channels
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

@@ -567,6 +567,8 @@ def _default_launch_config(name, DK, DV):
     if name == "bwd_grads":
         return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
     if name in ("bwd_curvature_query", "bwd_precond_diag"):
+        # the PDN stages can split the key channels (BK < dk); at dk = 128, BK 32 / 8 warps compiles to 105 / 166
+        # registers and no spill (full width: 255 + 216 / 1624 B) but is not yet checked on the H200: not used
         return BK, bv_full, (8 if BK >= 64 else 4), 1
     if name in ("precond_diag", "curvature_query"):
         return BK, bv_full, (8 if wide else 4), 1
@@ -619,15 +621,16 @@ class _Run:
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         values.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
                       scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
-                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep)
+                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
+                      NKP=self.nkp)
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
-            elif kind == "seq_hp":
-                grid = (N * HP,)
+            elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
+                grid = (N * HP, triton.cdiv(DK, BK))
             elif kind == "seq_hv":
                 grid = (N * HV,)
             elif kind == "state":
@@ -710,10 +713,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if dt_id and interpret:
         dt_id += 2
+    nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-               dummy=dummy, dims=dims)
+               dummy=dummy, dims=dims, nkp=nkp)
     run.launch([k for k in _kernels() if k[0] in stages])
     final = None
     if output_final_state:
