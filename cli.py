@@ -80,6 +80,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         plan = build_plan(rec.ir)
         print(plan_to_dot(plan) if args.format == "dot" else format_plan(plan))
+        if args.format != "dot":
+            from .codegen.chunk import launch_table, supports_chunk
+
+            if supports_chunk(rec.ir)[0]:
+                print(launch_table(rec.ir))
     elif args.stage == "source":
         from .codegen.package import render_package
 

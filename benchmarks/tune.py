@@ -38,7 +38,7 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "wy": itertools.product([64, full], [64], [2, 4, 8], [1, 2]),
         "state_pass": itertools.product([full], [16, 32, 64], [4, 8], [2, 3]),
         "output": itertools.product([64, full], [64, full], [4, 8], [2, 3]),
-        # 4 warps only: 8 warps fault on sm_90 under Triton 3.6 (see launch_config)
+        # 4 warps only: 8 warps fault on sm_90 under Triton 3.6 (see codegen/launch.py)
         "bwd_state": itertools.product([full], [16, 32, 64], [4], [1, 2, 3]),
         "bwd_grads": itertools.product([full], [16, 32, 64], [4, 8], [1, 2]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)

@@ -178,6 +178,15 @@ BACKWARD_RULES = {
 }
 
 
+def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
+    """The launch settings of every kernel the chunk module launches for `ir`, printed (show --stage plan)."""
+    from .launch import format_launches
+
+    bplan = build_backward_plan(build_plan(ir, BT, BC)) if supports_chunk_backward(ir)[0] else None
+    names = [la.name for la in forward_launches(ir)] + ([BACKWARD_RULES[k].name for k in bplan.kinds()] if bplan else [])
+    return format_launches(names, DK, DV, "scalar" if ir.decay.kind == "const" else ir.decay.kind)
+
+
 def forward_launches(ir: IR) -> list[Launch]:
     """The forward plan's launches in order (fused stages run inside their consumer's launch)."""
     names = dict.fromkeys(h for st in build_plan(ir, BT, BC).stages() if (h := launch_of(st)) is not None)

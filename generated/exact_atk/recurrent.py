@@ -34,7 +34,9 @@ from dgps.compiler import exprs as _fx
 from dgps.compiler import ir as _ir
 from dgps.runtime.reference import RecurrenceOutput, initial_states, state_shapes
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
+from dgps.runtime import announce_interpreter
 
+announce_interpreter()
 IR = _ir.IR(
     name='exact_atk',
     inputs=(

@@ -32,9 +32,12 @@ import triton
 import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
+from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
+from dgps.runtime import announce_interpreter
 from dgps.runtime.reference import RecurrenceOutput, initial_states
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
+announce_interpreter()
 NAME = "pdn"
 BT = 64
 BC = 16
@@ -874,70 +877,13 @@ def _next_pow2(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _parse_overrides(text):
-    """DGPS_LAUNCH="stage=BK,BV,warps,stages;..." (tuning runs): per-stage settings that replace the table's."""
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(";"))):
-        stage, _, vals = item.partition("=")
-        out[stage.strip()] = tuple(int(v) for v in vals.split(","))
-    return out
-
-
-# stage name -> (BK, BV, num_warps, num_stages), applied over launch_config (tuning sweeps set it)
-LAUNCH_OVERRIDES = _parse_overrides(os.environ.get("DGPS_LAUNCH", ""))
-
-
-# stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
-_WHOLE_VALUE_ROWS = ("bwd_inputs",)
+# stage name -> (BK, BV, num_warps, num_stages), applied over the launch table (tuning sweeps set it)
+LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 
 def launch_config(name, DK, DV):
-    cfg = LAUNCH_OVERRIDES[name] if name in LAUNCH_OVERRIDES else _default_launch_config(name, DK, DV)
-    if name in _WHOLE_VALUE_ROWS and cfg[1] < DV:
-        raise ValueError(f"{NAME}: stage {name} holds whole value rows: BV = {cfg[1]} < dv = {DV}")
-    return cfg
-
-
-def _default_launch_config(name, DK, DV):
-    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
-
-    Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
-    state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
-    settings, no autotuning: a first call compiles each kernel once.
-    """
-    BK = max(16, _next_pow2(DK))
-    bk_block = min(64, BK)
-    bv_full = max(16, min(64, _next_pow2(DV)))
-    wide = BK >= 128
-    if name == "l2norm":
-        return BK, bv_full, 4, 1
-    if name == "interaction":
-        if DECAY == "vector":
-            return BK, bv_full, (8 if BK >= 64 else 4), 1
-        return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
-    if name == "wy":
-        return BK, bv_full, 4, 1
-    if name == "output":
-        return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
-    if name == "state_pass":
-        # H200, gdn dk = dv = 128 (two calls per training step): BV 64 / 4 warps 0.33 ms, BV 32 / 4 warps 0.36,
-        # BV 32 / 8 warps 0.53. BV 64 is not used: at 3 stages it faulted (illegal address) under Triton 3.6, and
-        # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
-        return BK, min(32, bv_full), 4, 2
-    if name == "bwd_state":
-        # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
-        return BK, min(32, bv_full), 4, 2
-    if name == "bwd_inputs":
-        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
-    if name == "bwd_grads":
-        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
-    if name in ("bwd_curvature_query", "bwd_precond_diag"):
-        # the PDN stages can split the key channels (BK < dk); at dk = 128, BK 32 / 8 warps compiles to 105 / 166
-        # registers and no spill (full width: 255 + 216 / 1624 B) but is not yet checked on the H200: not used
-        return BK, bv_full, (8 if BK >= 64 else 4), 1
-    if name in ("precond_diag", "curvature_query"):
-        return BK, bv_full, (8 if wide else 4), 1
-    return BK, bv_full, (8 if wide and DECAY == "vector" else 4), 1
+    """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
+    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY), DV)
 
 
 def _chunk_layout(lens, device):

@@ -41,7 +41,9 @@ from dgps.compiler import exprs as _fx
 from dgps.compiler import ir as _ir
 from dgps.runtime.reference import initial_states, state_shapes
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
+from dgps.runtime import announce_interpreter
 
+announce_interpreter()
 IR = _ir.IR(
     name='pkda',
     inputs=(_ir.TensorDecl(

@@ -1,0 +1,83 @@
+"""The launch table: per chunk stage, the tile sizes and launch settings (BK, BV, num_warps, num_stages).
+
+Generated chunk modules read it at launch time (`launch_config` there applies DGPS_LAUNCH overrides first), and
+`dgps show --stage plan` prints it for a head size. The settings were tuned on an H200 for the scalar-decay
+stages with benchmarks/tune.py; each comment says what was measured, and which faster settings are not used
+because Triton 3.6 built them wrong for sm_90. No autotuning at run time: a first call only compiles.
+"""
+
+from __future__ import annotations
+
+# stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
+WHOLE_VALUE_ROWS = ("bwd_inputs",)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int, int]:
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
+
+    Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
+    state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
+    settings, no autotuning: a first call compiles each kernel once.
+    """
+    BK = max(16, _next_pow2(DK))
+    bk_block = min(64, BK)
+    bv_full = max(16, min(64, _next_pow2(DV)))
+    wide = BK >= 128
+    if name == "l2norm":
+        return BK, bv_full, 4, 1
+    if name == "interaction":
+        if decay == "vector":
+            return BK, bv_full, (8 if BK >= 64 else 4), 1
+        return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
+    if name == "wy":
+        return BK, bv_full, 4, 1
+    if name == "output":
+        return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
+    if name == "state_pass":
+        # H200, gdn dk = dv = 128 (two calls per training step): BV 64 / 4 warps 0.33 ms, BV 32 / 4 warps 0.36,
+        # BV 32 / 8 warps 0.53. BV 64 is not used: at 3 stages it faulted (illegal address) under Triton 3.6, and
+        # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
+        return BK, min(32, bv_full), 4, 2
+    if name == "bwd_state":
+        # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
+        return BK, min(32, bv_full), 4, 2
+    if name == "bwd_inputs":
+        return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
+    if name == "bwd_grads":
+        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
+    if name in ("bwd_curvature_query", "bwd_precond_diag"):
+        # the PDN stages can split the key channels (BK < dk); at dk = 128, BK 32 / 8 warps compiles to 105 / 166
+        # registers and no spill (full width: 255 + 216 / 1624 B) but is not yet checked on the H200: not used
+        return BK, bv_full, (8 if BK >= 64 else 4), 1
+    if name in ("precond_diag", "curvature_query"):
+        return BK, bv_full, (8 if wide else 4), 1
+    return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
+
+
+def check_launch(spec: str, name: str, cfg: tuple[int, ...], DV: int) -> tuple[int, ...]:
+    """`cfg`, refused where the stage's kernel cannot run it (a whole-row stage with BV < dv)."""
+    if name in WHOLE_VALUE_ROWS and cfg[1] < DV:
+        raise ValueError(f"{spec}: stage {name} holds whole value rows: BV = {cfg[1]} < dv = {DV}")
+    return cfg
+
+
+def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
+    """DGPS_LAUNCH="stage=BK,BV,warps,stages;..." (tuning runs): per-stage settings that replace the table's."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        stage, _, vals = item.partition("=")
+        out[stage.strip()] = tuple(int(v) for v in vals.split(","))
+    return out
+
+
+def format_launches(stages: list[str], DK: int, DV: int, decay: str) -> str:
+    """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
+    lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides):"]
+    for name in stages:
+        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay)
+        lines.append(f"    {name:<20} BK={BK:<4} BV={BV:<4} warps={warps} stages={num_stages}")
+    return "\n".join(lines)
