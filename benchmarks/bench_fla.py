@@ -162,6 +162,70 @@ def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, fl
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def reference_o_and_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, segment: int = 256):  # noqa: ANN001, ANN201
+    """float64 o and gradients of <o, dO> through the sequential reference, checkpointed every `segment` tokens
+    (the states carry between segments, so autograd at T = 4096 fits in memory)."""
+    from torch.utils.checkpoint import checkpoint
+
+    xr = {k: v.detach().double().requires_grad_(True) for k, v in x.items()}
+    names, T = list(xr), x["q"].shape[1]
+
+    def run(a: int, b: int, states: dict, *tensors: torch.Tensor):  # noqa: ANN202
+        inp = {n: (t if rec.ir.input(n).is_param else t[:, a:b]) for n, t in zip(names, tensors, strict=True)}
+        out = rec.reference(**inp, initial_state=states or None, output_final_state=True)
+        return out.o, out.final_state
+
+    states: dict = {}
+    outs = []
+    for a in range(0, T, segment):
+        o, states = checkpoint(run, a, min(T, a + segment), states, *xr.values(), use_reentrant=False)
+        outs.append(o)
+    o = torch.cat(outs, 1)
+    (o * do.double()).sum().backward()
+    return o.detach(), {n: t.grad for n, t in xr.items()}
+
+
+def accuracy(system: str, sides: dict[str, Callable], x: dict[str, torch.Tensor], do: torch.Tensor) -> dict:
+    """Relative errors ‖x − ref‖/‖ref‖ of o and of every input gradient, for each side, against the float64
+    reference of the spec dgps.fla_compat built for this call (same bf16-rounded inputs)."""
+    import dgps.runtime.fla_compat as compat
+
+    seen: dict = {}
+    run = compat._run
+
+    def spy(fn, spec, inputs, **kw):  # noqa: ANN001, ANN202
+        seen.update(spec=spec, inputs=inputs)
+        return run(fn, spec, inputs, **kw)
+
+    compat._run = spy
+    try:
+        sides["dgps"](x)
+    finally:
+        compat._run = run
+    # the spec's inputs are FLA's arguments themselves (default options): map them back by identity
+    by_id = {id(t): n for n, t in x.items()}
+    spec_inputs = {n: t for n, t in seen["inputs"].items() if t is not None}
+    if not all(id(t) in by_id for t in spec_inputs.values()):
+        return {"skipped": "the spec's inputs are derived from FLA's arguments"}
+    rec = compat.compiled(seen["spec"]).RECURRENCE
+    ref_o, ref_g = reference_o_and_grads(rec, spec_inputs, do)
+    out: dict = {}
+    for side, f in sides.items():
+        leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
+        o = f(leaves)
+        o.backward(do)
+        errs = {"o": _rel(o, ref_o)}
+        for n, t in spec_inputs.items():
+            errs[by_id[id(t)]] = _rel(leaves[by_id[id(t)]].grad, ref_g[n])
+        out[side] = errs
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
 COLD = r"""
 import time, torch, dgps
 t0 = time.time()
@@ -203,6 +267,8 @@ def main() -> int:
     p.add_argument("--cold-start", action="store_true")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--accuracy", action="store_true",
+                   help="errors of o and every gradient against the float64 reference, for each side")
     args = p.parse_args()
     B, T, H, D = args.shape
     # DGPS_COMMIT: the device's copy of the checkout may carry an older .git than the tree it was sent
@@ -252,6 +318,9 @@ def main() -> int:
                                               "peak_mib": peak_mib(steps["flashqla"])}
             if args.profile:
                 result["profiles"][system] = {k: kernel_profile(s) for k, s in steps.items()}
+        if args.accuracy:
+            result.setdefault("accuracy", {})[system] = accuracy(system, sides, x, do)
+            print(system, "accuracy", json.dumps(result["accuracy"][system]), flush=True)
         result["systems"][system] = row
         print(system, json.dumps(row), json.dumps(result["flashqla"].get(system, {})), flush=True)
         del x, do
