@@ -7,9 +7,10 @@ can do is guess uniformly among the values, a loss of log(n_values); recall driv
     python examples/associative_recall.py --spec specs/gdn.dgps --steps 300
     python examples/associative_recall.py --spec specs/cler_h_gdn.dgps --backend reference
 
-On a machine without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below),
-which is slow: `--backend reference` runs the same model with the spec's sequential reference in place
-of the kernels (the layer around it is identical).
+`--backend auto` (the default) trains on the generated kernels when a GPU is present and, without one, on
+the spec's sequential reference in place of the kernels (the layer around it is identical): on a CPU the
+kernels run under Triton's interpreter, about 40 s a step, while the reference trains 300 steps in a few
+minutes. `--backend kernel` forces the kernels.
 """
 
 from __future__ import annotations
@@ -135,7 +136,13 @@ if __name__ == "__main__":
     ap.add_argument("--spec", default="specs/gdn.dgps")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", choices=("kernel", "reference"), default="kernel")
+    ap.add_argument("--backend", choices=("auto", "kernel", "reference"), default="auto")
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
-    main(args.spec, steps=args.steps, seed=args.seed, backend=args.backend, batch=args.batch)
+    backend = args.backend
+    if backend == "auto":
+        backend = "kernel" if torch.cuda.is_available() else "reference"
+        why = "a GPU is present" if backend == "kernel" else \
+            "no GPU: the kernels would run under Triton's interpreter, ~40 s a step; --backend kernel forces them"
+        print(f"backend: {backend} ({why})", flush=True)
+    main(args.spec, steps=args.steps, seed=args.seed, backend=backend, batch=args.batch)

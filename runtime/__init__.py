@@ -13,6 +13,7 @@ import os
 import sys
 
 _AUTO_INTERPRET = False  # set when this module chose the interpreter; kernel modules announce it once
+_ANNOUNCED = False
 
 
 def _interpret_without_gpu() -> None:
@@ -27,11 +28,33 @@ def _interpret_without_gpu() -> None:
     _AUTO_INTERPRET = True
 
 
+# Triton releases the kernels are tested with (CI: the interpreter; the H200: sm_90). Triton 3.9's interpreter
+# rejects the kernels' masks that combine a vector with a scalar condition ("mask has unsupported dtype").
+TESTED_TRITON = ("3.6",)
+
+
+def triton_warning(version: str) -> str | None:
+    """One line for a Triton release outside TESTED_TRITON, else None."""
+    if any(version == t or version.startswith(t + ".") for t in TESTED_TRITON):
+        return None
+    tested = ", ".join(f"{t}.x" for t in TESTED_TRITON)
+    return (f"dgps: Triton {version} is not a tested release ({tested}); kernels may fail to build or run — "
+            f"`pip install triton=={TESTED_TRITON[-1]}.0` installs the tested one")
+
+
 def announce_interpreter() -> None:
-    """Called by every generated kernel module at import: one line, once, when the runtime chose the interpreter."""
-    global _AUTO_INTERPRET
+    """Called by every generated kernel module at import; once per process: a line for an untested Triton
+    release, and one when the runtime chose the interpreter."""
+    global _AUTO_INTERPRET, _ANNOUNCED
+    if _ANNOUNCED:
+        return
+    _ANNOUNCED = True
+    import triton
+
+    warning = triton_warning(triton.__version__)
+    if warning:
+        print(warning, file=sys.stderr)
     if _AUTO_INTERPRET:
-        _AUTO_INTERPRET = False
         print("dgps: no CUDA device: Triton kernels run under the interpreter (TRITON_INTERPRET=1; correct, slow)",
               file=sys.stderr)
 

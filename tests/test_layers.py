@@ -216,3 +216,16 @@ def test_recall_model_step_kernel_matches_reference() -> None:
         scale = max(g_r[n].abs().max().item(), 1.0)
         torch.testing.assert_close(g, g_r[n].to(g.dtype), rtol=1e-3, atol=1e-4 * scale, msg=lambda m, n=n: f"{n}: {m}")
     assert g_k["blocks.1.mixer.cler_gamma"].abs() > 0
+
+
+def test_example_picks_a_backend_that_finishes_on_the_cpu() -> None:
+    """Run as a script with no --backend, the example trains on the reference without a GPU and says so."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "associative_recall.py"), "--steps", "2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("backend: kernel" if torch.cuda.is_available() else "backend: reference (no GPU"), first
+    assert "step    1" in r.stdout

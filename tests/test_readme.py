@@ -41,3 +41,11 @@ def _has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_untested_triton_releases_are_named() -> None:
+    from dgps.runtime import triton_warning
+
+    assert triton_warning("3.6.0") is None
+    msg = triton_warning("3.9.0")
+    assert msg is not None and "Triton 3.9.0 is not a tested release (3.6.x)" in msg and "\n" not in msg
