@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -119,6 +120,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.report:
         from .runtime.report import aot_report, format_report
 
+        print(f"compiling every kernel for sm_90 at dk = dv = {', '.join(map(str, args.report_dims))} "
+              "(tens of seconds) ...", file=sys.stderr, flush=True)
         print(format_report(aot_report(rec, dims=tuple(args.report_dims))))
     return 0
 
@@ -136,11 +139,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"{rec.name}: forward={package.METADATA['forward']} B={args.B} T={args.T} H={args.H} HV={args.HV or args.H} "
           f"dk={args.dk} dv={args.dv} dtype={args.dtype} device={device}"
           f"{' (TRITON_INTERPRET=1)' if device == 'cpu' else ''}")
+    start = time.time()
+
+    def progress(what: str) -> None:  # one line per step on stderr: under the interpreter each takes seconds
+        print(f"  [{time.time() - start:5.1f} s] {what} ...", file=sys.stderr, flush=True)
+
     rows = verify(rec, package, B=args.B, T=args.T, H=args.H, dk=args.dk, dv=args.dv, HV=args.HV, dtype=dtype,
-                  seed=args.seed, varlen=args.varlen, device=device)
+                  seed=args.seed, varlen=args.varlen, device=device, progress=progress)
     if not args.no_backward:
         rows += verify_gradients(rec, package, B=args.B, T=args.T, H=args.H, dk=args.dk, dv=args.dv, HV=args.HV,
-                                 seed=args.seed, device=device)
+                                 seed=args.seed, device=device, progress=progress)
     print(format_rows(rows))
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")

@@ -8,6 +8,7 @@ NaN anywhere fails the check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -57,8 +58,10 @@ def compare(path: str, got: RecurrenceOutput, ref: RecurrenceOutput, tol: float)
 
 def verify(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int = 33, H: int = 2, dk: int = 32,
            dv: int = 32, HV: int | None = None, dtype: torch.dtype = torch.float32, seed: int = 0,
-           varlen: bool = False, with_initial_state: bool = True, device: str = "cpu") -> list[Row]:
-    """Run forward and decode against the float64 reference; one Row per compared output."""
+           varlen: bool = False, with_initial_state: bool = True, device: str = "cpu",
+           progress: Callable[[str], None] = lambda _: None) -> list[Row]:
+    """Run forward and decode against the float64 reference; one Row per compared output. `progress` is
+    told what runs next (the CLI prints it: under the interpreter each step takes seconds)."""
     tol = TOLERANCE[dtype]
     inputs = rec.random_inputs(1 if varlen else B, T, H, dk, dv, HV, dtype=dtype, seed=seed, device=device)
     _, dims = check_inputs(rec.ir, inputs)
@@ -75,13 +78,16 @@ def verify(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int = 33, H: 
         if "A" in shapes:
             init["A"] = torch.rand(shapes["A"], generator=gen)
     # The reference runs in float64 on exactly the rounded inputs the kernels see.
+    progress("float64 reference")
     ref = rec.reference(**{k: v.double().cpu() for k, v in inputs.items()}, initial_state=init or None,
                         output_final_state=True, cu_seqlens=cu)
     dev_init = {k: v.to(device) for k, v in init.items()}
     cu_dev = cu.to(device) if cu is not None else None
+    progress(f"forward kernels ({package.METADATA['forward']})")
     got = package.forward(**inputs, initial_state=dict(dev_init) or None, output_final_state=True, cu_seqlens=cu_dev)
     rows = compare(f"forward ({package.METADATA['forward']})", got, ref, tol)
     if not varlen:  # decode: feed the sequence a few tokens at a time; the states update in place
+        progress("decode kernel (recurrent, in place)")
         state = {k: v.float().contiguous() for k, v in initial_states(
             rec.ir, dims, N, dev_init or None, torch.float32, torch.device(device)).items()}
         outs, routes = [], []
@@ -106,9 +112,11 @@ def format_rows(rows: list[Row]) -> str:
 
 
 def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int = 20, H: int = 1, dk: int = 16,
-                     dv: int = 16, HV: int | None = None, seed: int = 0, device: str = "cpu") -> list[Row]:
+                     dv: int = 16, HV: int | None = None, seed: int = 0, device: str = "cpu",
+                     progress: Callable[[str], None] = lambda _: None) -> list[Row]:
     """Gradients of a random linear loss on o, the final states and the route, through the package's
     autograd (the generated chunked or recurrent backward kernels), against float64 autograd through the reference."""
+    progress(f"backward kernels ({package.METADATA.get('backward', 'recurrent')}) and float64 autograd")
     inputs = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed, device=device)
     _, dims = check_inputs(rec.ir, inputs)
     gen = torch.Generator().manual_seed(seed + 7)

@@ -134,3 +134,12 @@ def test_load_a_directory_says_so(tmp_path: Path) -> None:
     for arg in (tmp_path, str(tmp_path), f"{tmp_path}/"):
         with pytest.raises(IsADirectoryError, match="is a directory; pass a spec file or spec text"):
             dg.load(arg)
+
+
+def test_verify_reports_progress_on_stderr() -> None:
+    r = dgps("verify", "specs/la.dgps", "--T", "8", "--dk", "16", "--dv", "16")
+    assert r.returncode == 0, r.stderr
+    steps = [line for line in r.stderr.splitlines() if line.startswith("  [")]
+    assert [s.split("] ", 1)[1] for s in steps] == [
+        "float64 reference ...", "forward kernels (chunk) ...", "decode kernel (recurrent, in place) ...",
+        "backward kernels (chunk) and float64 autograd ..."]
