@@ -8,8 +8,8 @@ The plan decides what is launched: `FORWARD_RULES` / `BACKWARD_RULES` map each l
 (a stage, with the stages fused into it) and of its backward plan to one kernel template, in the plan's
 order; the backward plan's kept and recomputed stages decide what a training forward returns and what the
 backward reruns. Structure enters the templates through hooks: `decay_hook` (codegen/decay.py) for the
-decay kind, `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV, warps, stages) are a
-per-stage table in the generated host code; every kernel takes only the parameters its body uses.
+decay kind, `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV, warps, stages) come
+from the per-stage table in codegen/launch.py; every kernel takes only the parameters its body uses.
 `runtime.compile.load_chunk(ir)` writes that source to a cache directory and imports it (Triton needs real
 source files). `supports_chunk(ir)` says whether this generator handles a spec, and why not.
 
