@@ -171,43 +171,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("name", ["gdn", "simple_gla"])
-def test_training_path_at_the_reference_head_size(name: str) -> None:
-    """dk = dv = 128, where the launch table's blocks are narrower than a head (BK = 64, BV ≤ dv): the training
-    path (forward keeps its buffers, the backward reuses them) against float64 autograd. At the other tests'
-    dv = 16 every block covers the whole head, which once hid a stage that left half of dv's gradient
-    unwritten."""
+def _check_training_path(name: str, D: int, seed: int, overrides: dict | None = None) -> None:
+    """The training path (forward keeps its buffers, the backward reuses them) at dk = dv = D, T = 70, grouped
+    value heads, every backward buffer starting as NaN, against float64 autograd; `overrides`: launch settings."""
     rec = load(name)
     mod = load_chunk(rec.ir)
-    D, T = 128, 70
-    x = rec.random_inputs(B=1, T=T, H=1, dk=D, dv=D, HV=2, dtype=torch.float32, seed=3)
-    do = torch.randn(1, T, 2, D, generator=torch.Generator().manual_seed(4))
-    old, mod.DEBUG_NAN_FILL = mod.DEBUG_NAN_FILL, True
-    try:
-        out, kept = mod.chunk_forward_train(x)
-        grads, _ = mod.chunk_backward(x, do=do, kept=kept)
-    finally:
-        mod.DEBUG_NAN_FILL = old
-    x64 = {k: v.double().requires_grad_(True) for k, v in x.items()}
-    ref = rec.reference(**x64)
-    assert _rel(out.o, ref.o) <= TOL_FP32
-    (ref.o * do.double()).sum().backward()
-    for n, g in grads.items():
-        assert torch.isfinite(g).all(), f"{name}: gradient of {n} has unwritten (NaN) elements"
-        assert _rel(g, x64[n].grad) <= TOL_FP32, (name, n, _rel(g, x64[n].grad))
-
-
-@pytest.mark.parametrize("name", ["pgdn", "pkda"])
-def test_pdn_statistic_split_over_key_channel_blocks(name: str) -> None:
-    """The PDN statistic is elementwise per key channel: with BK below dk its forward and backward run one
-    program per block of channels (the decay adjoint as per-block partial sums) and give the same gradients."""
-    rec = load(name)
-    mod = load_chunk(rec.ir)
-    D, T = 32, 70
-    x = rec.random_inputs(B=1, T=T, H=1, dk=D, dv=D, HV=2, dtype=torch.float32, seed=5)
-    do = torch.randn(1, T, 2, D, generator=torch.Generator().manual_seed(6))
+    T = 70
+    x = rec.random_inputs(B=1, T=T, H=1, dk=D, dv=D, HV=2, dtype=torch.float32, seed=seed)
+    do = torch.randn(1, T, 2, D, generator=torch.Generator().manual_seed(seed + 1))
     saved = dict(mod.LAUNCH_OVERRIDES)
-    mod.LAUNCH_OVERRIDES.update(precond_diag=(8, 16, 4, 1), bwd_precond_diag=(8, 16, 4, 1))  # 4 channel blocks
+    mod.LAUNCH_OVERRIDES.update(overrides or {})
     old, mod.DEBUG_NAN_FILL = mod.DEBUG_NAN_FILL, True
     try:
         out, kept = mod.chunk_forward_train(x)
@@ -223,3 +196,19 @@ def test_pdn_statistic_split_over_key_channel_blocks(name: str) -> None:
     for n, g in grads.items():
         assert torch.isfinite(g).all(), f"{name}: gradient of {n} has unwritten (NaN) elements"
         assert _rel(g, x64[n].grad) <= TOL_FP32, (name, n, _rel(g, x64[n].grad))
+
+
+@pytest.mark.parametrize("name", ["gdn", "simple_gla"])
+def test_training_path_at_the_reference_head_size(name: str) -> None:
+    """dk = dv = 128, where the launch table's blocks are narrower than a head (BK = 64, BV ≤ dv). At the other
+    tests' dv = 16 every block covers the whole head, which once hid a stage that left half of dv's gradient
+    unwritten."""
+    _check_training_path(name, 128, seed=3)
+
+
+@pytest.mark.parametrize("name", ["pgdn", "pkda"])
+def test_pdn_statistic_split_over_key_channel_blocks(name: str) -> None:
+    """The PDN statistic is elementwise per key channel: with BK below dk its forward and backward run one
+    program per block of channels (the decay adjoint as per-block partial sums) and give the same gradients."""
+    blocks = (8, 16, 4, 1)  # BK = 8 at dk = 32: four channel blocks
+    _check_training_path(name, 32, seed=5, overrides={"precond_diag": blocks, "bwd_precond_diag": blocks})
