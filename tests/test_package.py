@@ -105,3 +105,10 @@ def test_cli_compile_uses_the_package_cache(tmp_path: Path, monkeypatch: pytest.
     assert len(calls) == 1, "the second compile rendered again instead of reading the cache"
     for f in (tmp_path / "a").iterdir():
         assert (tmp_path / "b" / f.name).read_text() == f.read_text()
+
+
+def test_importing_a_package_parses_no_spec() -> None:
+    """A generated package embeds its IR once (recurrent.py) and parses spec.dgps only when RECURRENCE is asked."""
+    code = ("import sys; import dgps.generated.gdn as p; assert 'dgps.dsl.parser' not in sys.modules; "
+            "assert p.RECURRENCE.ir == p.IR; assert 'dgps.dsl.parser' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -15,6 +15,7 @@ import torch
 
 import dgps
 from dgps.runtime.reference import RecurrenceOutput, initial_states
+from dgps.runtime.reference import reference as _reference
 from dgps.runtime.tensors import check_cu_seqlens, check_inputs
 
 from . import backward, recurrent
@@ -23,8 +24,14 @@ from . import chunk
 _HERE = Path(__file__).resolve().parent
 SPEC_TEXT = (_HERE / "spec.dgps").read_text()
 METADATA = json.loads((_HERE / "metadata.json").read_text())
-RECURRENCE = dgps.load(SPEC_TEXT, filename="ccq_gdn_uncentered/spec.dgps")
-IR = RECURRENCE.ir
+IR = recurrent.IR  # the lowered IR, embedded once (recurrent.py): importing the package parses nothing
+
+
+def __getattr__(name: str):  # noqa: ANN202 - the module's lazy attributes
+    if name == "RECURRENCE":  # the checked spec (AST and IR), parsed on first use
+        globals()["RECURRENCE"] = dgps.load(SPEC_TEXT, filename="ccq_gdn_uncentered/spec.dgps")
+        return globals()["RECURRENCE"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 INPUTS = ('q', 'k', 'v', 'g', 'beta', 'lam')
 STATES = ('S', 'C', 'm', 'n')
 ROUTE = "none"
@@ -197,8 +204,6 @@ def reference(
 ) -> RecurrenceOutput:
     """The sequential reference (token by token, autograd) in `dtype` (default: q's dtype)."""
     inputs = {k: x for k, x in _inputs(q, k, v, g, beta, lam).items() if x is not None}
-    return RECURRENCE.reference(
-        **inputs, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-        scale=scale, dtype=dtype,
-    )
+    return _reference(IR, inputs, initial_state=initial_state, output_final_state=output_final_state,
+                      cu_seqlens=cu_seqlens, scale=scale, dtype=dtype)
 
