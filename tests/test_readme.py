@@ -49,3 +49,17 @@ def test_untested_triton_releases_are_named() -> None:
     assert triton_warning("3.6.0") is None
     msg = triton_warning("3.9.0")
     assert msg is not None and "Triton 3.9.0 is not a tested release (3.6.x)" in msg and "\n" not in msg
+
+
+def test_gain_forms_lower_as_the_readme_says() -> None:
+    """`gain value = w` alone: β = 1, the erase unscaled; `gain beta, value = w`: β on the write and the erase."""
+    import dgps
+
+    def solve(gain: str, extra: str = "") -> tuple[str, str]:
+        text = ("recurrence g\n  input q, k : key\n  input v : value\n  input w : value_channel unit\n" + extra +
+                f"  decay none\n  gain {gain}\n  solve delta\nend\n")
+        e, _, vp, _ = dgps.load(text).ir.solve.canonical()
+        return str(e), str(vp)
+
+    assert solve("value = w") == ("-k", "v*w")
+    assert solve("beta, value = w", "  input beta : token unit\n") == ("-beta*k", "beta*v*w")
