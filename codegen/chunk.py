@@ -431,11 +431,16 @@ def _diff(expr: sp.Expr, name: str) -> sp.Expr:
     return sp.together(diff_by_name(expr, name))
 
 
-def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", extra: str = "") -> str:
+def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only_if: str = "") -> str:
+    """Load a token-level adjoint tile; `only_if`: a per-program condition (a scalar: combined through tl.where,
+    since Triton 3.9's interpreter rejects a vector mask `&` a scalar)."""
+    def mask(m: str) -> str:
+        return f"tl.where({only_if}, {m}, False)" if only_if else m
+
     if side is None:
-        return f"tl.load({buf} + rows * {heads} + {head}, mask=m_r{extra}, other=0.)"
+        return f"tl.load({buf} + rows * {heads} + {head}, mask={mask('m_r')}, other=0.)"
     dim, o, m = ("DK", "o_k", "m_rk") if side == "key" else ("DV", "o_v", "m_rv")
-    return f"tl.load({buf} + (rows[:, None] * {heads} + {head}) * {dim} + {o}[None, :], mask={m}{extra}, other=0.)"
+    return f"tl.load({buf} + (rows[:, None] * {heads} + {head}) * {dim} + {o}[None, :], mask={mask(m)}, other=0.)"
 
 
 def _parts(ir: IR, em: _Emitter) -> list[_Part]:
@@ -457,7 +462,7 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
     if diag is not None:
         hp = "i_h" if em.kt_heads == "key" else "i_hv"
         nh = "H" if em.kt_heads == "key" else "HV"
-        first = " & (i_hv % G == 0)" if em.kt_heads == "key" else ""
+        first = "i_hv % G == 0" if em.kt_heads == "key" else ""
         dwk = _diff(s.write_key, KTILDE.name)
         load = (em.tile("d_wkt", dwk, "key", "rows", "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
         parts.append(_Part("kt", diag.map * k, "key", load))

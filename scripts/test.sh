@@ -9,3 +9,8 @@ ruff check .
 dgps check -q specs/*.dgps
 python -m dgps.codegen.generate --check
 python -m pytest tests -n 2 --durations=15
+# The newest tested Triton (3.9, see pyproject.toml): a representative subset of the interpreter tests, with
+# that Triton ahead on the path (generated/ records 3.6, the H200's, so its freshness check is not rerun here).
+python -m pip install -q --no-deps --upgrade --target .triton-newest triton==3.9.0
+PYTHONPATH=.triton-newest python -m pytest -n 2 -q -p no:cacheprovider tests/test_chunk_kernel.py \
+    tests/test_chunk_backward.py tests/test_recurrent_kernel.py -k "(gdn or kda or gla or pgdn or ccq) and not aot"

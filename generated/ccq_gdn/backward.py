@@ -228,9 +228,9 @@ def ccq_gdn_recurrent_bwd_kernel(
     dh = tl.load(dht_S + (i_nh.to(tl.int64) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_h, other=0.0).to(tl.float32)
     p_C = ((i_n * H + i_h).to(tl.int64) * DK + o_k[:, None]) * DK + o_k[None, :]
     st_C = tl.load(h0_C + p_C, mask=m_kk, other=0.0).to(tl.float32)
-    dC = tl.load(dht_C + p_C, mask=m_kk & inject, other=0.0).to(tl.float32)
+    dC = tl.load(dht_C + p_C, mask=tl.where(inject, m_kk, False), other=0.0).to(tl.float32)
     st_m = tl.load(h0_m + (i_n * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-    dm = tl.load(dht_m + (i_n * H + i_h) * DK + o_k, mask=m_k & inject, other=0.0).to(tl.float32)
+    dm = tl.load(dht_m + (i_n * H + i_h) * DK + o_k, mask=tl.where(inject, m_k, False), other=0.0).to(tl.float32)
     st_n = tl.load(h0_n + i_n).to(tl.float32)
 
     # 1. forward sweep up to the last segment: checkpoint the states before every CHECK-th token

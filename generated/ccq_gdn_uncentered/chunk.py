@@ -777,8 +777,8 @@ def chunk_bwd_curvature_query_kernel(
     # the final-state gradients enter once per key head (the statistics are per key head)
     first = (i_hv % G) == 0
     p_c = ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_k[None, :]
-    b_D = tl.load(dc_fin + p_c, mask=m_kk & first, other=0.)
-    b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_k, mask=m_k & first, other=0.)
+    b_D = tl.load(dc_fin + p_c, mask=tl.where(first, m_kk, False), other=0.)
+    b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_k, mask=tl.where(first, m_k, False), other=0.)
     b_n0 = tl.load(n0 + i_n)
     n_tc = tl.cdiv(eos - bos, BT)
     i_tc = n_tc - 1

@@ -284,7 +284,7 @@ def chunk_interaction_kernel(
         bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
         _b_q1_q = tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
         b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
-        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 15 < eos), other=0.)
+        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
         dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
         qf1 = b_q1 * dq1
         af1_0 = b_a0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
@@ -302,7 +302,7 @@ def chunk_interaction_kernel(
         bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
         _b_q2_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
         b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
-        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 31 < eos), other=0.)
+        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
         dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
         qf2 = b_q2 * dq2
         af2_0 = b_a0 * tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
@@ -322,7 +322,7 @@ def chunk_interaction_kernel(
         bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
         _b_q3_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
         b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
-        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 47 < eos), other=0.)
+        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
         dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
         qf3 = b_q3 * dq3
         af3_0 = b_a0 * tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
@@ -712,8 +712,8 @@ def chunk_bwd_curvature_query_kernel(
     # the final-state gradients enter once per key head (the statistics are per key head)
     first = (i_hv % G) == 0
     p_c = ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_k[None, :]
-    b_D = tl.load(dc_fin + p_c, mask=m_kk & first, other=0.)
-    b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_k, mask=m_k & first, other=0.)
+    b_D = tl.load(dc_fin + p_c, mask=tl.where(first, m_kk, False), other=0.)
+    b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_k, mask=tl.where(first, m_k, False), other=0.)
     b_n0 = tl.load(n0 + i_n)
     n_tc = tl.cdiv(eos - bos, BT)
     i_tc = n_tc - 1

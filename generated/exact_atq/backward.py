@@ -183,7 +183,7 @@ def exact_atq_recurrent_bwd_kernel(
     dh = tl.load(dht_S + (i_nh.to(tl.int64) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_h, other=0.0).to(tl.float32)
     p_P = ((i_n * H + i_h).to(tl.int64) * DK + o_k[:, None]) * DK + o_k[None, :]
     st_P = tl.load(h0_P + p_P, mask=m_kk, other=0.0).to(tl.float32)
-    dP = tl.load(dht_P + p_P, mask=m_kk & inject, other=0.0).to(tl.float32)
+    dP = tl.load(dht_P + p_P, mask=tl.where(inject, m_kk, False), other=0.0).to(tl.float32)
 
     # 1. forward sweep up to the last segment: checkpoint the states before every CHECK-th token
     for i_t in range(0, FWD_STATIC if FWD_STATIC >= 0 else (NSEG - 1) * CHECK):

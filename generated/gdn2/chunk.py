@@ -230,7 +230,7 @@ def chunk_interaction_kernel(
         bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
         _b_q1_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
-        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 15 < eos), other=0.)
+        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
         dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
         ef1 = b_e1 * dq1
         qf1 = b_q1 * dq1
@@ -254,7 +254,7 @@ def chunk_interaction_kernel(
         bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
         _b_q2_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
-        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 31 < eos), other=0.)
+        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
         dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
         ef2 = b_e2 * dq2
         qf2 = b_q2 * dq2
@@ -281,7 +281,7 @@ def chunk_interaction_kernel(
         bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
         _b_q3_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
-        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=m_k & (t0 + 47 < eos), other=0.)
+        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
         dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
         ef3 = b_e3 * dq3
         qf3 = b_q3 * dq3

@@ -861,10 +861,10 @@ def chunk_bwd_inputs_kernel(
     a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     d_wkt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
     a_kt = d_wkt * a_a
-    a_pinc = tl.load(apinc_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_rk & (i_hv % G == 0), other=0.)
+    a_pinc = tl.load(apinc_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     for i_kp in range(0, NKP):
-        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + rows * H + i_h, mask=m_r & (i_hv % G == 0), other=0.)
+        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + rows * H + i_h, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q

@@ -245,7 +245,7 @@ def pkda_recurrent_bwd_kernel(
     dh = tl.load(dht_S + (i_nh.to(tl.int64) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_h, other=0.0).to(tl.float32)
     p_A = (i_n * H + i_h) * DK + o_k
     st_A = tl.load(h0_A + p_A, mask=m_k, other=0.0).to(tl.float32)
-    dA = tl.load(dht_A + p_A, mask=m_k & inject, other=0.0).to(tl.float32)
+    dA = tl.load(dht_A + p_A, mask=tl.where(inject, m_k, False), other=0.0).to(tl.float32)
 
     # 1. forward sweep up to the last segment: checkpoint the states before every CHECK-th token
     for i_t in range(0, FWD_STATIC if FWD_STATIC >= 0 else (NSEG - 1) * CHECK):
