@@ -63,3 +63,15 @@ def test_gain_forms_lower_as_the_readme_says() -> None:
 
     assert solve("value = w") == ("-k", "v*w")
     assert solve("beta, value = w", "  input beta : token unit\n") == ("-beta*k", "beta*v*w")
+
+
+def test_cpu_inputs_without_the_interpreter_are_a_clear_error() -> None:
+    """Kernels compiled for a GPU (the interpreter turned off) and CPU inputs: one line that says what to do."""
+    code = ("import torch, dgps\nfrom dgps.generated import gdn\n"
+            "x = dgps.load('specs/gdn.dgps').random_inputs(1, 8, 1, 16, 16, dtype=torch.float32)\n"
+            "try:\n    gdn.forward(**x)\nexcept dgps.TensorError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["DGPS_NO_AUTO_INTERPRET"] = "1"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "inputs are on the CPU and Triton's interpreter is off" in r.stdout, r.stdout + r.stderr

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -156,6 +157,9 @@ def forward(
     Differentiable with respect to every input, param and initial state (recurrent backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v))
+    if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise dgps.TensorError(f"exact_atq.forward: the inputs are on the CPU and Triton's interpreter is off; move "
+                               "them to the GPU, or set TRITON_INTERPRET=1 before importing dgps")
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise dgps.TensorError(f"exact_atq.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
                                "(cast the inputs, or use reference(...) for float64)")
