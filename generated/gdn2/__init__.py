@@ -161,9 +161,6 @@ def forward(
     Differentiable with respect to every input, param and initial state (chunked backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v, g, b, w))
-    if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise dgps.TensorError(f"gdn2.forward: the inputs are on the CPU and Triton's interpreter is off; move "
-                               "them to the GPU, or set TRITON_INTERPRET=1 before importing dgps")
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise dgps.TensorError(f"gdn2.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
                                "(cast the inputs, or use reference(...) for float64)")
@@ -175,7 +172,14 @@ def forward(
     tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
     # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
     keep = True and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+    try:
+        outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+    except (RuntimeError, ValueError):
+        # Triton's own failure for CPU tensors without the interpreter ("0 active drivers", "cpu tensor?")
+        if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise dgps.TensorError(f"gdn2.forward: the inputs are on the CPU and Triton's interpreter is off; "
+                                   "move them to the GPU, or set TRITON_INTERPRET=1 before importing dgps") from None
+        raise
     final = dict(zip(STATES, outs[1:1 + len(STATES)], strict=True)) if output_final_state else None
     return RecurrenceOutput(outs[0], final, outs[1 + len(STATES)] if ROUTE != "none" else None)
 
