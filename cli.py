@@ -99,15 +99,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _use_interpreter_without_gpu() -> str:
-    """Triton reads TRITON_INTERPRET when it is imported: decide before any kernel module loads."""
-    import os
-
+    """The device the kernels run on; importing the runtime selects Triton's interpreter without a GPU (it must
+    happen before any kernel module loads)."""
     import torch
 
-    if torch.cuda.is_available():
-        return "cuda"
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    return "cpu"
+    from . import runtime  # noqa: F401
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

@@ -41,9 +41,10 @@ def fla_extra_ops() -> dict:
     }
 
 
-def reference_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, dS: torch.Tensor,  # noqa: ANN001
-                    segment: int) -> dict[str, torch.Tensor]:
-    """float64 gradients of <o, dO> + <S_T, dS> through the sequential reference, checkpointed by segment."""
+def reference_o_and_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, dS: torch.Tensor | None = None,  # noqa: ANN001
+                          segment: int = 256) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """float64 o and gradients of <o, dO> (+ <S_T, dS>) through the sequential reference, checkpointed by segment
+    (the states carry between segments, so autograd at T = 4096 fits in memory)."""
     xr = {k: v.detach().double().requires_grad_(True) for k, v in x.items()}
     T = x["q"].shape[1]
     names = list(xr)
@@ -54,14 +55,22 @@ def reference_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, dS: torch
         return out.o, out.final_state
 
     states: dict = {}
-    loss = torch.zeros((), dtype=torch.float64, device=do.device)
+    outs = []
     for a in range(0, T, segment):
-        b = min(T, a + segment)
-        o, states = checkpoint(run, a, b, states, *xr.values(), use_reentrant=False)
-        loss = loss + (o * do[:, a:b].double()).sum()
-    loss = loss + (states["S"] * dS.double()).sum()
+        o, states = checkpoint(run, a, min(T, a + segment), states, *xr.values(), use_reentrant=False)
+        outs.append(o)
+    o = torch.cat(outs, 1)
+    loss = (o * do.double()).sum()
+    if dS is not None:
+        loss = loss + (states["S"] * dS.double()).sum()
     loss.backward()
-    return {n: t.grad for n, t in xr.items()}
+    return o.detach(), {n: t.grad for n, t in xr.items()}
+
+
+def reference_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, dS: torch.Tensor,  # noqa: ANN001
+                    segment: int) -> dict[str, torch.Tensor]:
+    """float64 gradients of <o, dO> + <S_T, dS> through the sequential reference, checkpointed by segment."""
+    return reference_o_and_grads(rec, x, do, dS, segment)[1]
 
 
 def kernel_times(step) -> dict[str, float]:  # noqa: ANN001

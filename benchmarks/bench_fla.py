@@ -33,6 +33,11 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_backward import kernel_times, reference_o_and_grads  # noqa: E402
+from bench_forward import rel  # noqa: E402
+
 SCALAR = ("simple_gla", "delta_rule", "gdn", "precond_gdn")
 VECTOR = ("gla", "kda", "gdn2", "precond_kda")
 
@@ -134,23 +139,6 @@ def peak_mib(step: Callable[[], None]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def kernel_profile(step: Callable[[], None]) -> dict[str, float]:
-    """CUDA time (ms) per kernel name over one call of `step`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for ev in prof.key_averages():
-        t = getattr(ev, "self_device_time_total", 0) or 0
-        if t > 0:
-            out[ev.key[:80]] = out.get(ev.key[:80], 0.0) + t / 1e3
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
 def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
     """Median over `reps` interleaved rounds of each function's do_bench median (ms)."""
     import triton.testing
@@ -160,29 +148,6 @@ def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, fl
         for k, f in fns.items():
             times[k].append(triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median"))
     return {k: statistics.median(v) for k, v in times.items()}
-
-
-def reference_o_and_grads(rec, x: dict[str, torch.Tensor], do: torch.Tensor, segment: int = 256):  # noqa: ANN001, ANN201
-    """float64 o and gradients of <o, dO> through the sequential reference, checkpointed every `segment` tokens
-    (the states carry between segments, so autograd at T = 4096 fits in memory)."""
-    from torch.utils.checkpoint import checkpoint
-
-    xr = {k: v.detach().double().requires_grad_(True) for k, v in x.items()}
-    names, T = list(xr), x["q"].shape[1]
-
-    def run(a: int, b: int, states: dict, *tensors: torch.Tensor):  # noqa: ANN202
-        inp = {n: (t if rec.ir.input(n).is_param else t[:, a:b]) for n, t in zip(names, tensors, strict=True)}
-        out = rec.reference(**inp, initial_state=states or None, output_final_state=True)
-        return out.o, out.final_state
-
-    states: dict = {}
-    outs = []
-    for a in range(0, T, segment):
-        o, states = checkpoint(run, a, min(T, a + segment), states, *xr.values(), use_reentrant=False)
-        outs.append(o)
-    o = torch.cat(outs, 1)
-    (o * do.double()).sum().backward()
-    return o.detach(), {n: t.grad for n, t in xr.items()}
 
 
 def accuracy(system: str, sides: dict[str, Callable], x: dict[str, torch.Tensor], do: torch.Tensor) -> dict:
@@ -214,16 +179,11 @@ def accuracy(system: str, sides: dict[str, Callable], x: dict[str, torch.Tensor]
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
         o = f(leaves)
         o.backward(do)
-        errs = {"o": _rel(o, ref_o)}
+        errs = {"o": rel(o, ref_o)}
         for n, t in spec_inputs.items():
-            errs[by_id[id(t)]] = _rel(leaves[by_id[id(t)]].grad, ref_g[n])
+            errs[by_id[id(t)]] = rel(leaves[by_id[id(t)]].grad, ref_g[n])
         out[side] = errs
     return out
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 COLD = r"""
@@ -317,7 +277,7 @@ def main() -> int:
                 result["flashqla"][system] = {"fwd_ms": fwd["flashqla"], "fwdbwd_ms": fb["flashqla"],
                                               "peak_mib": peak_mib(steps["flashqla"])}
             if args.profile:
-                result["profiles"][system] = {k: kernel_profile(s) for k, s in steps.items()}
+                result["profiles"][system] = {k: kernel_times(s) for k, s in steps.items()}
         if args.accuracy:
             result.setdefault("accuracy", {})[system] = accuracy(system, sides, x, do)
             print(system, "accuracy", json.dumps(result["accuracy"][system]), flush=True)

@@ -53,7 +53,7 @@ import sympy as sp
 
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
-from ..compiler.plan import build_backward_plan, build_plan, launch_of
+from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of
 from .decay import decay_hook
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
@@ -182,22 +182,22 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     """The launch settings of every kernel the chunk module launches for `ir`, printed (show --stage plan)."""
     from .launch import format_launches
 
-    bplan = build_backward_plan(build_plan(ir, BT, BC)) if supports_chunk_backward(ir)[0] else None
-    names = [la.name for la in forward_launches(ir)] + ([BACKWARD_RULES[k].name for k in bplan.kinds()] if bplan else [])
-    return format_launches(names, DK, DV, "scalar" if ir.decay.kind == "const" else ir.decay.kind)
+    plan = build_plan(ir, BT, BC)
+    bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
+    names = [la.name for la in forward_launches(plan)] + [BACKWARD_RULES[k].name for k in (bplan.kinds() if bplan else [])]
+    return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind)
 
 
-def forward_launches(ir: IR) -> list[Launch]:
+def forward_launches(plan: Plan) -> list[Launch]:
     """The forward plan's launches in order (fused stages run inside their consumer's launch)."""
-    names = dict.fromkeys(h for st in build_plan(ir, BT, BC).stages() if (h := launch_of(st)) is not None)
+    names = dict.fromkeys(h for st in plan.stages() if (h := launch_of(st)) is not None)
     return [FORWARD_RULES[n] for n in names]
 
 
-def _backward_context(ir: IR, em: _Emitter) -> dict:
+def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     """The template context of the backward kernels; raises NotImplementedError (and the like) where the
     chunk module cannot carry a chunked backward for `ir`."""
     grad_code, parts = _input_grad_code(ir, em)
-    plan = build_plan(ir, BT, BC)
     bplan = build_backward_plan(plan)
     if bplan is None:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
@@ -228,7 +228,7 @@ def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
     if not ok:
         return ok, why
     try:
-        _backward_context(ir, _Emitter(ir))
+        _backward_context(ir, _Emitter(ir), build_plan(ir, BT, BC))
     except (NotImplementedError, ValueError, KeyError) as exc:
         return False, str(exc)
     return True, ""
@@ -345,6 +345,7 @@ def _env() -> jinja2.Environment:
 
 
 def _context(ir: IR) -> dict:
+    plan = build_plan(ir, BT, BC)  # the one plan every launch list and stage attribute below comes from
     s = ir.solve
     st = ir.structure
     em = _Emitter(ir)
@@ -400,14 +401,14 @@ def _context(ir: IR) -> dict:
         norm_heads={n: ir.input(n).heads for n in ir.normalize},
     )
     try:
-        ctx.update(_backward_context(ir, em))
+        ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
                    backward_launches=[])
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
-    ctx.update(forward_launches=forward_launches(ir))
-    ctx.update(inline_scores=bool(build_plan(ir, BT, BC).stage("output").attr("inline_scores")))
+    ctx.update(forward_launches=forward_launches(plan))
+    ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")))
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx

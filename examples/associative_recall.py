@@ -21,14 +21,10 @@ import os
 import time
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from dgps.runtime.layers import DGPSLayer  # noqa: E402
+from dgps.runtime.layers import DGPSLayer  # without a GPU, importing the runtime selects Triton's interpreter
 
 SPEC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "specs")
 

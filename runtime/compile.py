@@ -32,14 +32,18 @@ def cache_root() -> Path:
     return Path(base) / "dgps"
 
 
-def _cached_files(rec: Recurrence, cache_dir: str | Path | None = None) -> dict[str, str]:
-    """The package files of `rec` (default module name) from the cache, rendered and stored there if absent."""
+def _cache_entry(rec: Recurrence, cache_dir: str | Path | None = None) -> Path:
+    """The cache folder of `rec`'s package (default module name), rendered and stored there if absent."""
     from ..codegen.package import cache_key
 
     target = (Path(cache_dir) if cache_dir is not None else cache_root()) / f"{rec.name}_{cache_key(rec.source)}"
     if not (target / "metadata.json").exists():
         _store(rec, target)
-    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+    return target
+
+
+def _cached_files(rec: Recurrence) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(_cache_entry(rec).iterdir()) if p.is_file()}
 
 
 def _store(rec: Recurrence, target: Path) -> None:
@@ -151,12 +155,6 @@ def load_recurrent_backward(ir: IR, cache_dir: str | Path | None = None) -> Modu
 
 def compile(spec: str | Path | Recurrence, cache_dir: str | Path | None = None) -> ModuleType:  # noqa: A001
     """Compile a spec (path, text or loaded Recurrence) to an imported package, using the cache."""
-    from ..codegen.package import cache_key
-
     rec = spec if isinstance(spec, Recurrence) else load(spec)
-    key = cache_key(rec.source)
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / f"{rec.name}_{key}"
-    if not (target / "metadata.json").exists():
-        _store(rec, target)
-    return import_package(target, f"dgps_compiled.{rec.name}_{key}")
+    target = _cache_entry(rec, cache_dir)
+    return import_package(target, f"dgps_compiled.{target.name}")
