@@ -28,7 +28,8 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
 
 Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the forward's chunk buffers first):
 
-    bwd_state_pass       reverse over chunks: dU = scale (Q̂⋆A)ᵀdO + (A⊙e^{b_c−B}) dH_{n+1},
+    bwd_local_values     per chunk: dU_local = scale (Q̂⋆A)ᵀdO (− L'ᵀdR), the part of dU without carried state
+    bwd_state_pass       reverse over chunks: dU = dU_local + (A⊙e^{b_c−B}) dH_{n+1},
                          dH_n = e^{b_c} dH_{n+1} + scale (Q̂⊙e^B)ᵀ dO − Wᵀ dU (+ residual-route terms)
     bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
                          (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; decayed score pairs with
@@ -154,7 +155,8 @@ class Launch:
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
-# Grid kinds: chunk (NT, HV); rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
+# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks);
+# rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
 # statistic / value head, sequential over chunks); state (dv blocks, sequences × heads); output (dv blocks, NT, HV).
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
@@ -168,8 +170,10 @@ FORWARD_RULES = {
     "output": Launch("output", "chunk_output_kernel", "output", "chunk_output.jinja"),
 }
 BACKWARD_RULES = {
+    "bwd_local_values": Launch("bwd_local_values", "chunk_bwd_local_values_kernel", "output",
+                               "chunk_bwd_local_values.jinja"),
     "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state", "chunk_bwd_state.jinja"),
-    "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk", "chunk_bwd_grad.jinja"),
+    "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
     "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv",
                                   "chunk_bwd_curvature_query.jinja"),
     "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
@@ -444,16 +448,24 @@ def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only
     return f"tl.load({buf} + (rows[:, None] * {heads} + {head}) * {dim} + {o}[None, :], mask={mask(m)}, other=0.)"
 
 
+def _key_partials(var: str, buf: str) -> str:
+    """Load a per-token adjoint that bwd_grads leaves as NKG partial sums, one per block of key channels."""
+    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    for i_kg in range(0, NKG):\n"
+            f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
+
+
 def _parts(ir: IR, em: _Emitter) -> list[_Part]:
     s = ir.solve
     q, k = sp.Symbol("q", real=True), sp.Symbol("k", real=True)
     delta = not ir.structure.additive
     parts = [_Part("q", q, "key", "a_q = " + _tok("aq_buf", "key"))]
     if ir.decay.log_gate is not None:
-        side = "key" if ir.decay.kind == "vector" else None
-        parts.append(_Part("lg", ir.decay.log_gate, side, "a_lg = " + _tok("ag_buf", side)))
+        if ir.decay.kind == "vector":
+            parts.append(_Part("lg", ir.decay.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
+        else:
+            parts.append(_Part("lg", ir.decay.log_gate, None, _key_partials("a_lg", "ag_buf")))
     if delta or s.beta != 1:
-        parts.append(_Part("beta", s.beta, None, "a_beta = " + _tok("abeta_buf", None)))
+        parts.append(_Part("beta", s.beta, None, _key_partials("a_beta", "abeta_buf")))
     parts.append(_Part("z", s.target, "value", "a_z = " + _tok("az_buf", "value")))
     if delta:
         assert s.erase_key is not None

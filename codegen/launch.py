@@ -42,18 +42,26 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # BV 32 / 8 warps 0.53. BV 64 is not used: at 3 stages it faulted (illegal address) under Triton 3.6, and
         # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
         return BK, min(32, bv_full), 4, 2
+    if name == "bwd_local_values":
+        return bk_block, bv_full, 4, 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return BK, min(32, bv_full), 4, 2
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
-        return BK, min(32, bv_full), 8 if BK >= 64 else 4, 1
-    if name in ("bwd_curvature_query", "bwd_precond_diag"):
-        # the PDN stages can split the key channels (BK < dk); at dk = 128, BK 32 / 8 warps compiles to 105 / 166
-        # registers and no spill (full width: 255 + 216 / 1624 B) but is not yet checked on the H200: not used
+        # one program per chunk, head and 64 key channels. H200, gdn dk = dv = 128 (benchmarks/tune.py, run 9):
+        # BK 64 / BV 64 / 8 warps 1.10 ms, BK 128 (full width) / BV 64 1.20, BK 64 / BV 32 1.28 (run 6's full
+        # width, before the epilogue stored each adjoint as soon as it was final: 1.61)
+        return bk_block, bv_full, 8 if BK >= 64 else 4, 1
+    if name in ("precond_diag", "bwd_precond_diag"):
+        # the PDN statistic splits over key-channel blocks. H200, pgdn dk = dv = 128 (benchmarks/tune.py, run 8):
+        # forward BK 32 / 8 warps 0.33 ms (full width 0.91), backward 0.66 ms (full width 1.76); BK 32 / 8 warps
+        # compiles to 105 / 166 registers without spill, the full width to 255 + 216 / 1624 B of spill
+        return min(32, BK), bv_full, (8 if BK >= 64 else 4), 1
+    if name == "bwd_curvature_query":
         return BK, bv_full, (8 if BK >= 64 else 4), 1
-    if name in ("precond_diag", "curvature_query"):
+    if name == "curvature_query":
         return BK, bv_full, (8 if wide else 4), 1
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
 

@@ -592,7 +592,7 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
 
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
-BACKWARD_KINDS = ("bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_precond_diag", "bwd_inputs")
+BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_precond_diag", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -621,13 +621,22 @@ class BackwardPlan:
         return [s.kind for s in self.stages]
 
 
+def _bwd_local_values(p: Plan) -> Stage | None:
+    # The chunk-local share of dU needs no carried state: computed for all chunks at once, it leaves the
+    # sequential reverse pass only the products with dH.
+    ins = ("dO",) + (("dR",) if p.structure.route == "residual" else ())
+    reads = ("output.scores",) + (("interaction.L",) if p.structure.route == "residual" else ())
+    form = "dU_local = scale (Q'*A)^T dO" + (" - L'^T dR" if p.structure.route == "residual" else "")
+    return Stage("bwd_local_values", "bwd_local_values", ins, (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
+                 (("form", form), ("reads", reads)))
+
+
 def _bwd_state_pass(p: Plan) -> Stage | None:
-    ins = ["dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
+    ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
-    reads = ("output.scores", "state_pass.Hn") + (("wy.W",) if p.family == "tied" else ()) + \
-        (("interaction.L",) if p.structure.route == "residual" else ())
-    form = "dU = scale (Q'*A)^T dO + (A e^(b_c-B)) dH_(n+1); dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
+    reads = ("state_pass.Hn",) + (("wy.W",) if p.family == "tied" else ())
+    form = "dU = dU_local + (A e^(b_c-B)) dH_(n+1); dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
         (" - W^T dU" if p.family == "tied" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
@@ -683,7 +692,7 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_state_pass, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag, _bwd_inputs,
+    _bwd_local_values, _bwd_state_pass, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag, _bwd_inputs,
 )
 
 

@@ -206,6 +206,14 @@ def test_training_path_at_the_reference_head_size(name: str) -> None:
     _check_training_path(name, 128, seed=3)
 
 
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "simple_gla", "la", "kda", "ccq_gdn", "cler_h_gdn", "pgdn"])
+def test_chunk_gradients_split_over_key_channel_blocks(name: str) -> None:
+    """bwd_grads runs one program per block of key channels: with BK = 8 at dk = 32 (four blocks) the per-token
+    sums over key channels (dβ, the scalar decay's db) arrive as partial sums, the full-width terms and the
+    target's adjoint come from block 0 only, and the gradients equal the unsplit ones' reference."""
+    _check_training_path(name, 32, seed=7, overrides={"bwd_grads": (8, 16, 4, 1)})
+
+
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])
 def test_pdn_statistic_split_over_key_channel_blocks(name: str) -> None:
     """The PDN statistic is elementwise per key channel: with BK below dk its forward and backward run one

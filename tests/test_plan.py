@@ -428,7 +428,7 @@ def test_backward_plan(name):
         return
     assert bp is not None
     kinds = bp.kinds()
-    assert kinds[:2] == ["bwd_state_pass", "bwd_grads"] and kinds[-1] == "bwd_inputs"
+    assert kinds[:3] == ["bwd_local_values", "bwd_state_pass", "bwd_grads"] and kinds[-1] == "bwd_inputs"
     assert ("bwd_curvature_query" in kinds) == (ir.read.kind == "curvature")
     assert ("bwd_precond_diag" in kinds) == (ir.precond.kind == "diag")
     # inputs and initial states are all it saves; every forward stage but the output is recomputed

@@ -26,7 +26,8 @@ SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 CHUNK = [s for s in SPECS if supports_chunk(dgps.load(SPEC_DIR / f"{s}.dgps").ir)[0]]
 
 # a backward stage kind -> its kernel
-BWD_KERNEL = {"bwd_state_pass": "chunk_bwd_state_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
+BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pass": "chunk_bwd_state_kernel",
+              "bwd_grads": "chunk_bwd_grad_kernel",
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
               "bwd_precond_diag": "chunk_bwd_precond_diag_kernel", "bwd_inputs": "chunk_bwd_inputs_kernel"}
 

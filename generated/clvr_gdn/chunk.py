@@ -501,12 +501,56 @@ def chunk_output_kernel(
     _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
     b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
     tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_z, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
+#   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
+#   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
+@triton.jit
+def chunk_bwd_local_values_kernel(
+    g_buf, do_buf, dul_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_rv = m_r[:, None] & m_v[None, :]
+    # (Q̂⋆A)ᵀ is formed directly (A Q̂ᵀ, upper triangle): Triton 3.6 miscompiles tl.trans of a computed tile into
+    # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
+    m_ge = o_t[:, None] <= o_t[None, :]
+    b_st = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        b_st += _mm(b_a, tl.trans(b_q), DT_ID)
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_st = tl.where(m_ge, b_st * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
+    b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+    b_dul = _mm(b_st, b_do, DT_ID) * scale
+    tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
-#   store dH_{n+1};  dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1}
+#   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
+
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, w_buf, do_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets, scale,
+    g_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -524,9 +568,6 @@ def chunk_bwd_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    # (Q̂⋆A)ᵀ is formed directly: Triton 3.6 miscompiles tl.trans of a computed tile into a bf16 dot at
-    # 8 warps / 1 stage on sm_90 (illegal memory access)
-    m_ge = o_t[:, None] <= o_t[None, :]
     p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
     b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
@@ -548,10 +589,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID) * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             b_qf = b_q * tl.exp2(b_g)[:, None]
-            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            b_du += _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)
@@ -577,10 +618,10 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_st = tl.where(m_ge, _mm(b_a, tl.trans(b_q), DT_ID) * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
             b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             b_qf = b_q * tl.exp2(b_g)[:, None]
-            b_du = _mm(b_st, b_do, DT_ID) * scale + _mm(b_af, b_dh, DT_ID)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            b_du += _mm(b_af, b_dh, DT_ID)
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             b_dh = b_dh * tl.exp2(b_gl)
@@ -592,12 +633,16 @@ def chunk_bwd_state_kernel(
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
+#   One program per chunk, head and block of BK key channels: the c×c products over the value channels are formed
+#   in every key block (they are cheap next to the [BT, BK] tiles a full-width program would hold); per-token
+#   sums over the key channels (dβ, db) are left as one partial per key block (NKG of them), the full-width
+#   terms counted by block 0; the token-level adjoint of z is written by block 0.
 #   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_v, p_beta, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf, az_buf,
-    abeta_buf, ag_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    abeta_buf, ag_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -609,7 +654,8 @@ def chunk_bwd_grad_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
+    i_k = tl.program_id(2)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
@@ -617,21 +663,9 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-    _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    last = t0 + tl.minimum(eos - t0, BT) - 1
-    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
-    b_gl = tl.load(g_buf + last * HV + i_hv)
-    b_eb = tl.exp2(b_g)[:, None]
-    b_ecb = tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
     b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
@@ -639,6 +673,8 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
+    # the value-side adjoint is written once, by the first key block
+    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -663,46 +699,63 @@ def chunk_bwd_grad_kernel(
         b_dz = b_dy * b_beta[:, None]
         b_dr = tl.load(dr_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dz = b_dz + b_dr
-        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rv)
-    # output scores Q̂ ⋆ A
+        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rz[:, None] & m_v[None, :])
+    # the key-channel operands are loaded after the loop over dv, which does not read them
+    _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_e = b_a
+    last = t0 + tl.minimum(eos - t0, BT) - 1
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_gl = tl.load(g_buf + last * HV + i_hv)
+    b_eb = tl.exp2(b_g)[:, None]
+    b_ecb = tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+    # Output scores Q̂ ⋆ A. The epilogue is ordered so that each [BT, BK] adjoint is stored, and its share of the
+    # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
+    # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
+    # then dg = reverse cumsum of db within the chunk.
+    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S (and dL' ⊙ L') in fp32,
+    # rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel. Every term is a sum
+    # over key channels (this block's share) except dL' ⊙ L', which block 0 counts.
     b_ds = tl.where(m_le, b_ds * scale, 0.)
+    b_sm = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+    b_db = tl.sum(b_ds * b_sm, 1) - tl.sum(b_ds * b_sm, 0)
     b_dsd = b_ds * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
     b_dq = _mm(b_dsd, b_a, DT_ID)
     b_da = _mm(tl.trans(b_dsd), b_q, DT_ID)
 
-    b_dq += b_dqh * (scale * b_eb)
+    b_dqs = b_dqh * (scale * b_eb)
+    b_dq += b_dqs
+    b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
+    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
     b_das = b_das * b_ecb
+    b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
+    b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
     b_da += b_das
     # interaction L' = E ⋆⁻ A through the solve
+    b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_dm = tl.where(m_lt, -b_dm, 0.)
     b_ef = b_e * b_eb
-    b_dbeta = b_dyz - tl.sum(b_ef * b_dew, 1) + tl.sum(b_dm * b_l, 1)
+    b_dbeta = tl.where(i_k == 0, b_dyz + tl.sum(b_dm * b_l, 1), 0.) - tl.sum(b_ef * b_dew, 1)
     b_dl = b_dm * b_beta[:, None]
+    b_db += tl.where(i_k == 0, tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0), 0.)
     b_dsd = b_dl * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
     b_de = _mm(b_dsd, b_a, DT_ID)
     b_dal = _mm(tl.trans(b_dsd), b_e, DT_ID)
 
     b_da += b_dal
     b_dew = b_dew * b_beta[:, None]
-    b_de -= b_dew * b_eb
+    b_dews = b_dew * b_eb
+    b_de -= b_dews
+    b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
-    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
-    tl.store(abeta_buf + rows * HV + i_hv, b_dbeta, mask=m_r)
-    # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
-    # then dg = reverse cumsum of db within the chunk
-    # scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S (and dL' ⊙ L') in fp32,
-    # rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel
-    b_db = b_q * (b_dqh * (scale * b_eb)) - b_e * (b_dew * b_eb) - b_a * b_das
-    b_db = tl.sum(tl.where(m_rk, b_db, 0.), 1)
-    b_sm = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-    b_db += tl.sum(b_ds * b_sm, 1) - tl.sum(b_ds * b_sm, 0)
-    b_db += tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0)
-    b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
+    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + rows * HV + i_hv, b_dg, mask=m_r)
+    tl.store(ag_buf + i_k * TT * HV + rows * HV + i_hv, b_dg, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
 #   Parts: q = q; lg = g; beta = beta; z = v; e = k; a = k
@@ -710,8 +763,8 @@ def chunk_bwd_grad_kernel(
 @triton.jit
 def chunk_bwd_inputs_kernel(
     p_q, p_k, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_v, dx_g, dx_beta, cu_seqlens,
-    chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -731,8 +784,12 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_lg = tl.load(ag_buf + rows * HV + i_hv, mask=m_r, other=0.)
-    a_beta = tl.load(abeta_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    a_lg = tl.zeros([BT], dtype=tl.float32)
+    for i_kg in range(0, NKG):
+        a_lg += tl.load(ag_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
+    a_beta = tl.zeros([BT], dtype=tl.float32)
+    for i_kg in range(0, NKG):
+        a_beta += tl.load(abeta_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
     a_z = tl.load(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
     a_e = tl.load(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
@@ -772,7 +829,7 @@ _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<na
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "cn_buf", "mn_buf",
-            "do_buf", "dr_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
+            "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
@@ -785,9 +842,10 @@ _KERNEL_ARGS = {
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 'g_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -870,11 +928,13 @@ class _Run:
         values.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
                       scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
-                      NKP=self.nkp)
+                      NKP=self.nkp, NKG=self.nkg)
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
+            elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
+                grid = (NT, HV, triton.cdiv(DK, BK))
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
@@ -970,10 +1030,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if dt_id and interpret:
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
+    nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-               dummy=dummy, dims=dims, nkp=nkp)
+               dummy=dummy, dims=dims, nkp=nkp, nkg=nkg)
     run.launch([k for k in _kernels() if k[0] in stages])
     final = None
     if output_final_state:
@@ -985,8 +1046,9 @@ def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
     return [
+        ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
         ("bwd_state", chunk_bwd_state_kernel, "state"),
-        ("bwd_grads", chunk_bwd_grad_kernel, "chunk"),
+        ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
@@ -1041,6 +1103,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["do_buf"] = do.contiguous()
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
+    bufs["dul_buf"] = buf(TT * HV * DV)
     bufs["dh_buf"] = buf(NT * HV * DK * DV, dt)
     bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
@@ -1048,8 +1111,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     for n in ("aq_buf", "aa_buf", "ae_buf"):
         bufs[n] = buf(TT * HV * DK)
     bufs["az_buf"] = buf(TT * HV * DV)
-    bufs["abeta_buf"] = buf(TT * HV)
-    bufs["ag_buf"] = buf(TT * HV)
+    bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
+    bufs["ag_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
