@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel", "interaction": "chunk_interaction_kernel",
           "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
-          "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
+          "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
+          "bwd_grads": "chunk_bwd_grad_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
           "bwd_curvature_query": "chunk_bwd_curvature_query_kernel"}
 
