@@ -1,4 +1,4 @@
-"""The `dgps` command line: check, show (any stage), compile, verify, fuzz.
+"""The `dgps` command line: check, show (any stage), compile, verify, report, fuzz.
 
 Every spec problem is printed as a located error and exits 1; no input makes it print a traceback.
 """
@@ -124,6 +124,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_lines() -> Callable[[str], None]:
+    """A progress callback: one line per step on stderr, with the seconds since it was made (under the
+    interpreter, and in the sm_90 compile, each step takes seconds)."""
+    start = time.time()
+
+    def progress(what: str) -> None:
+        print(f"  [{time.time() - start:5.1f} s] {what} ...", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     import torch
 
@@ -137,11 +148,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"{rec.name}: forward={package.METADATA['forward']} B={args.B} T={args.T} H={args.H} HV={args.HV or args.H} "
           f"dk={args.dk} dv={args.dv} dtype={args.dtype} device={device}"
           f"{' (TRITON_INTERPRET=1)' if device == 'cpu' else ''}")
-    start = time.time()
-
-    def progress(what: str) -> None:  # one line per step on stderr: under the interpreter each takes seconds
-        print(f"  [{time.time() - start:5.1f} s] {what} ...", file=sys.stderr, flush=True)
-
+    progress = _progress_lines()
     rows = verify(rec, package, B=args.B, T=args.T, H=args.H, dk=args.dk, dv=args.dv, HV=args.HV, dtype=dtype,
                   seed=args.seed, varlen=args.varlen, device=device, progress=progress)
     if not args.no_backward:
@@ -151,6 +158,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    device = _use_interpreter_without_gpu()
+    from .runtime.html_report import VerifySizes, collect, failures, write_report
+
+    rec = _load(args.spec)
+    print(f"{rec.name}: compile report to {Path(args.output) / 'index.html'} (device={device}"
+          f"{', TRITON_INTERPRET=1' if device == 'cpu' else ''})", file=sys.stderr, flush=True)
+    sizes = None if args.no_verify else VerifySizes(args.B, args.T, args.H, args.HV, args.dk, args.dv)
+    content = collect(rec, args.spec, kernel_dims=None if args.no_kernels else tuple(args.dims), verify_sizes=sizes,
+                      time_shape=tuple(args.time_shape), time_dims=tuple(args.dims), progress=_progress_lines())
+    path = write_report(content, args.output)
+    print(path)
+    bad = failures(content)
+    if bad:  # the page is written either way; the status says whether everything on it passed
+        print(f"{rec.name}: {'; '.join(bad)} (see the page)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -170,7 +196,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "check": cmd_check, "show": cmd_show, "compile": cmd_compile, "verify": cmd_verify, "fuzz": cmd_fuzz,
+    "check": cmd_check, "show": cmd_show, "compile": cmd_compile, "verify": cmd_verify, "report": cmd_report,
+    "fuzz": cmd_fuzz,
 }
 
 
@@ -223,6 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     v.add_argument("--varlen", action="store_true", help="pack the batch into one sequence with cu_seqlens")
     v.add_argument("--no-backward", action="store_true", help="skip the gradient check (fp32, vs float64 autograd)")
+    r = sub.add_parser("report", help="write an HTML page: the plan drawn, sm_90 registers / spills / shared memory, "
+                       "the verify table and (with a GPU) timings", formatter_class=_Help)
+    r.add_argument("spec")
+    r.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write index.html into")
+    r.add_argument("--dims", type=_count, nargs="+", default=[64, 128], metavar="D",
+                   help="head sizes dk = dv of the sm_90 kernel report and of the GPU timings")
+    r.add_argument("--no-kernels", action="store_true", help="skip the sm_90 compile of every kernel (tens of seconds)")
+    r.add_argument("--no-verify", action="store_true", help="skip the verify run (the interpreter takes seconds)")
+    r.add_argument("--B", type=_count, default=2, help="verify: batch size")
+    r.add_argument("--T", type=_count, default=45, help="verify: tokens per sequence")
+    r.add_argument("--H", type=_count, default=2, help="verify: key heads")
+    r.add_argument("--HV", type=_count, default=None, help="verify: value heads, a multiple of H; None means H")
+    r.add_argument("--dk", type=_count, default=32, help="verify: key head size")
+    r.add_argument("--dv", type=_count, default=32, help="verify: value head size")
+    r.add_argument("--time-shape", type=_count, nargs=3, default=[4, 4096, 16], metavar=("B", "T", "H"),
+                   help="GPU only: batch, tokens and key heads of the timings (bf16)")
     f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference",
                        formatter_class=_Help)
     f.add_argument("--count", type=_count, default=50, help="specs to draw")
@@ -236,8 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "verify" and args.HV is not None and args.HV % args.H:
+    if args.command in ("verify", "report") and args.HV is not None and args.HV % args.H:
         parser.error(f"argument --HV: must be a multiple of --H = {args.H}, got {args.HV}")
+    if args.command == "report" and Path(args.spec).is_dir():
+        parser.error(f"argument spec: {args.spec!r} is a directory; pass a spec file")
+    if args.command == "report" and (Path(args.output).suffix == ".dgps" or Path(args.output).is_file()):
+        parser.error(f"argument -o/--output: names a directory for index.html, got {args.output!r}")
     if args.command == "fuzz" and (Path(args.out).suffix == ".dgps" or Path(args.out).is_file()):
         parser.error(f"argument --out: names a directory for failing specs, got {args.out!r}")
     try:
