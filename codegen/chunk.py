@@ -53,8 +53,8 @@ import jinja2
 import sympy as sp
 
 from ..compiler.exprs import diff_by_name
-from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
-from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl
+from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints
 from .decay import decay_hook
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
@@ -201,15 +201,23 @@ def forward_launches(plan: Plan) -> list[Launch]:
 def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     """The template context of the backward kernels; raises NotImplementedError (and the like) where the
     chunk module cannot carry a chunked backward for `ir`."""
-    grad_code, parts = _input_grad_code(ir, em)
     bplan = build_backward_plan(plan)
     if bplan is None:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
+    fused = plan.elementwise_grads
+    grad_code, parts = _input_grad_code(ir, em, skip=fused)
+    stored = stored_adjoints(plan)
+    # a chunk-operand adjoint goes to memory exactly when the chain rule left to bwd_inputs reads it
+    for p in parts:
+        if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
+            raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k)]
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
-                bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept)
+                bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
+                stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
+                fused_grads=_fused_grad_code(ir, em, fused))
 
 
 def _kept_buffers(ir: IR, kind: str) -> list[str]:
@@ -408,7 +416,7 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
-                   backward_launches=[])
+                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART})
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
@@ -505,18 +513,86 @@ _ZERO = {"token": "tl.zeros([BT], dtype=tl.float32)", "key": "tl.zeros([BT, BK],
          "param_key": "tl.zeros([BK], dtype=tl.float32)", "param_value": "tl.zeros([BV], dtype=tl.float32)"}
 
 
-def _input_grad_code(ir: IR, em: _Emitter) -> tuple[str, list[_Part]]:
-    """The body of the `inputs` backward stage: adjoint loads, then one gradient per input."""
+# bwd_grads' chunk-operand parts -> the plan's name of their adjoint, in the order the kernel finishes them
+_ADJOINT_OF_PART = {"z": "dz", "q": "dqp", "e": "dke", "a": "dkw"}
+_ADJOINT_TILE = {"z": "b_dz", "q": "b_dq", "e": "b_de", "a": "b_da"}
+
+
+def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:
+    """The statement that stores gradient tile `g` of input `d` (`only_if`: a per-program condition)."""
+    dim, o, m = {"token": ("", "", "m_r"), "key": ("DK", "o_k", "m_rk"), "value": ("DV", "o_v", "m_rv"),
+                 "param": ("", "", None), "param_key": ("DK", "o_k", "m_k"),
+                 "param_value": ("DV", "o_v", "m_v")}[shape]
+    if d.is_param:
+        row = "i_c.to(tl.int64) * HV + i_hv"
+        ptr = f"dx_{d.name} + " + (f"({row}) * {dim} + {o}" if dim else f"{row}")
+    else:
+        ptr = f"dx_{d.name} + " + (f"(rows[:, None] * HV + i_hv) * {dim} + {o}[None, :]" if dim
+                                   else "rows * HV + i_hv")
+    if m and only_if:
+        m = f"tl.where({only_if}, {m}, False)"
+    store = f"_cast_for({g}, dx_{d.name}, DT_ID)"  # token-level gradients may be stored in the input dtype
+    return f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")")
+
+
+def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, str]:
+    """Per bwd_grads part (z, q, e, a): the chain-rule statements for the inputs in `fused`, placed where that
+    part's adjoint tile is final; an input's gradient is stored after the last part that reads it."""
+    out = {p: [] for p in _ADJOINT_OF_PART}
+    if not fused:
+        return {p: "" for p in out}
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
+        parts = {p.name: p for p in _parts(ir, em) if p.name in _ADJOINT_OF_PART}
+        order = [p for p in _ADJOINT_OF_PART if p in parts]
+        for d in ir.inputs:
+            if d.name not in fused:
+                continue
+            reading = [p for p in order if _diff(parts[p].expr, d.name) != 0]
+            others = [p.name for p in _parts(ir, em) if p.name not in parts and _diff(p.expr, d.name) != 0]
+            if others:
+                raise AssertionError(f"{ir.name}: {d.name} also reads {others}; its chain rule is not elementwise")
+            g = f"g_{d.name}"
+            role = d.vector
+            for i, p in enumerate(reading):
+                lines = out[p]
+                side = parts[p].side
+                if side != role:
+                    raise NotImplementedError(f"gradient of {d.name} ({role}) through the {side} part {p}")
+                if i == 0:
+                    lines.append(f"{g} = {_ZERO[role]}")
+                dx = _diff(parts[p].expr, d.name)
+                if dx == 1:
+                    lines.append(f"{g} += {_ADJOINT_TILE[p]}")
+                else:
+                    var = f"d_{d.name}_{p}"
+                    lines.append(em.tile(var, dx, side, "rows", "m_r", "BT", printer="bwd",
+                                         indent=8 if p == "z" else 4))
+                    lines.append(f"{g} += {var} * {_ADJOINT_TILE[p]}")
+                if i == len(reading) - 1:
+                    # the value-side gradient is formed in every key block; block 0 stores it
+                    lines.append(_grad_store(d, g, role, only_if="i_k == 0" if role == "value" else ""))
+    finally:
+        em.q_override = saved
+    return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}
+
+
+def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
+    """The body of the `inputs` backward stage: adjoint loads, then one gradient per input (but those in
+    `skip`, which bwd_grads finishes)."""
+    saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
+    try:
+        rest = [d for d in ir.inputs if d.name not in skip]
         parts = _parts(ir, em)
+        if skip:  # only the adjoints the remaining inputs read (with nothing skipped, every part: the PDN loads chain)
+            parts = [p for p in parts if any(_diff(p.expr, d.name) != 0 for d in rest)]
         lines: list[str] = []
         if ir.precond.kind == "diag":
             hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
             lines.append(f"b_stat = tl.load(stat_buf + (rows[:, None] * {nh} + {hp}) * DK + o_k[None, :], "
                          "mask=m_rk, other=0.)")
         lines += [p.load for p in parts]
-        for d in ir.inputs:
+        for d in rest:
             role = {"key": "key", "value": "value", None: "token"}[d.vector]
             shape = ("param" if role == "token" else f"param_{role}") if d.is_param else role
             g = f"g_{d.name}"
@@ -544,17 +620,7 @@ def _input_grad_code(ir: IR, em: _Emitter) -> tuple[str, list[_Part]]:
                 lines.append(f"r_{d.name} = tl.rsqrt(tl.sum(x_{d.name} * x_{d.name}, 1) + {ir.norm_eps!r})[:, None]")
                 lines.append(f"y_{d.name} = x_{d.name} * r_{d.name}")
                 lines.append(f"{g} = r_{d.name} * ({g} - y_{d.name} * tl.sum(y_{d.name} * {g}, 1)[:, None])")
-            dim, o, m = {"token": ("", "", "m_r"), "key": ("DK", "o_k", "m_rk"), "value": ("DV", "o_v", "m_rv"),
-                         "param": ("", "", None), "param_key": ("DK", "o_k", "m_k"),
-                         "param_value": ("DV", "o_v", "m_v")}[shape]
-            if d.is_param:
-                row = "i_c.to(tl.int64) * HV + i_hv"
-                ptr = f"dx_{d.name} + " + (f"({row}) * {dim} + {o}" if dim else f"{row}")
-            else:
-                ptr = f"dx_{d.name} + " + (f"(rows[:, None] * HV + i_hv) * {dim} + {o}[None, :]" if dim
-                                           else "rows * HV + i_hv")
-            store = f"_cast_for({g}, dx_{d.name}, DT_ID)"  # token-level gradients may be stored in the input dtype
-            lines.append(f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")"))
+            lines.append(_grad_store(d, g, shape))
         return "\n    ".join(lines), parts
     finally:
         em.q_override = saved

@@ -43,7 +43,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
         return BK, min(32, bv_full), 4, 2
     if name == "bwd_local_values":
-        return bk_block, bv_full, 4, 2
+        # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
+        # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128
+        return bk_block, max(16, min(128, _next_pow2(DV))), 4, 2
     if name == "bwd_state":
         # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return BK, min(32, bv_full), 4, 2

@@ -114,6 +114,11 @@ class Plan:
     family: str  # additive | tied | untied
     chunk_size: int
     sub_chunk: int
+    # The backward's chain rule: per chunk-operand adjoint of bwd_grads (dqp, dkw, dke, dz), the inputs its
+    # expression reads; and the inputs whose gradient is elementwise in those adjoints (a key or value input,
+    # not a param, not L2-normalised, not in a gate or gain, and no PDN statistic or curvature read).
+    grad_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    elementwise_grads: tuple[str, ...] = ()
 
     def stages(self) -> list[Stage]:
         order = {s.name: i for i, s in enumerate(self.graph.nodes)}
@@ -586,9 +591,29 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
                     g.add_edge(p, st, operands=[i])
     order = ("o", "route", "S", "A", "P", "C", "m", "n")
     outputs = tuple((k, b.outputs[k]) for k in order if k in b.outputs)
-    plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk)
+    parts, elementwise = _grad_parts(ir)
+    plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts, elementwise)
     typecheck(plan)
     return plan
+
+
+def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...]]:
+    """(adjoint -> the inputs its chunk operand reads, the inputs whose gradient is elementwise in them)."""
+    s = ir.solve
+    names = {d.name for d in ir.inputs}
+
+    def reads(expr: Any) -> tuple[str, ...]:
+        return tuple(sorted(n for n in (x.name for x in getattr(expr, "free_symbols", ())) if n in names))
+
+    parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(s.target))]
+    if not ir.structure.additive and s.erase_key is not None:
+        parts.append(("dke", reads(s.erase_key)))
+    if ir.precond.kind != "none" or ir.read.kind == "curvature":
+        return tuple(parts), ()  # the statistic's and the curvature read's backward also feed the keys
+    gates = set(reads(ir.decay.log_gate)) | set(reads(s.beta))  # their adjoints are sums over key blocks
+    elementwise = tuple(d.name for d in ir.inputs if d.vector in ("key", "value") and not d.is_param
+                        and d.name not in ir.normalize and d.name not in gates)
+    return tuple(parts), elementwise
 
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
@@ -642,13 +667,20 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
 
+def stored_adjoints(p: Plan) -> tuple[str, ...]:
+    """The chunk-operand adjoints bwd_grads writes to memory: those an input outside `elementwise_grads` reads."""
+    if not p.elementwise_grads:  # every adjoint (the PDN and CCQ backward stages read them too)
+        return tuple(name for name, _ in p.grad_parts)
+    rest = {o.name for o in p.inputs} - set(p.elementwise_grads)
+    return tuple(name for name, reads in p.grad_parts if rest & set(reads))
+
+
 def _bwd_grads(p: Plan) -> Stage | None:
     delta = p.family == "tied"
     vec = p.structure.decay == "vector"
-    outs = [Operand("dqp", "[B,T,HV,dk]", "fp32"), Operand("dkw", "[B,T,HV,dk]", "fp32"),
-            Operand("dz", "[B,T,HV,dv]", "fp32")]
-    if delta:
-        outs.append(Operand("dke", "[B,T,HV,dk]", "fp32"))
+    shapes = {"dqp": "[B,T,HV,dk]", "dkw": "[B,T,HV,dk]", "dz": "[B,T,HV,dv]", "dke": "[B,T,HV,dk]"}
+    outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p)]
+    outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in p.elementwise_grads]
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     if p.structure.decay != "none":
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
@@ -656,8 +688,13 @@ def _bwd_grads(p: Plan) -> Stage | None:
     form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
         ("score pairs by hierarchical sub-chunk references" if vec else "score pairs as masked matmuls") + \
         ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads), ("key_blocks", "dbeta, dg as partial sums"))
+    if p.elementwise_grads:
+        # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
+        # per-token adjoints never go to memory
+        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
     return Stage("bwd_grads", "bwd_grads", ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ()),
-                 tuple(outs), (("form", form), ("reads", reads)))
+                 tuple(outs), attrs)
 
 
 def _bwd_curvature_query(p: Plan) -> Stage | None:
@@ -683,9 +720,12 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
 
 def _bwd_inputs(p: Plan) -> Stage | None:
     adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p)) if st is not None
-           for o in st.outputs if o.dims[0] == "B"]
+           for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_")]
     states = {name for name, _ in _STATE_OPERANDS.values()}
-    outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name not in states)
+    outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
+                 if o.name not in states and o.name not in p.elementwise_grads)
+    if not outs:
+        return None  # bwd_grads finished every gradient
     return Stage("bwd_inputs", "bwd_inputs", tuple(adj), outs,
                  (("form", "d x = sum over parts of (d part / d x) * adjoint (sympy), then the L2-norm backward"),))
 

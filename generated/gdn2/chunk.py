@@ -681,8 +681,8 @@ def chunk_bwd_state_kernel(
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf,
-    az_buf, abeta_buf, ag_buf, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dx_q,
+    dx_k, dx_v, dx_b, dx_w, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -712,8 +712,6 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
-    # the value-side adjoint is written once, by the first key block
-    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -737,7 +735,16 @@ def chunk_bwd_grad_kernel(
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
         b_dyz += tl.sum(b_dy * b_z, 1)
         b_dz = b_dy * b_beta[:, None]
-        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rz[:, None] & m_v[None, :])
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        _d_v_z_w = tl.load(p_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        d_v_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_v_z_w, 0.)
+        g_v += d_v_z * b_dz
+        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
+        g_w = tl.zeros([BT, BV], dtype=tl.float32)
+        _d_w_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        d_w_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_w_z_v, 0.)
+        g_w += d_w_z * b_dz
+        tl.store(dx_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_w, dx_w, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -820,7 +827,9 @@ def chunk_bwd_grad_kernel(
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db = b_q * b_dq
-    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
+    g_q = tl.zeros([BT, BK], dtype=tl.float32)
+    g_q += b_dq
+    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da += b_das
@@ -895,8 +904,17 @@ def chunk_bwd_grad_kernel(
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db += b_e * b_de
-    tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
-    tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
+    g_k = tl.zeros([BT, BK], dtype=tl.float32)
+    _d_k_e_b = tl.load(p_b + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    d_k_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_k_e_b, 0.)
+    g_k += d_k_e * b_de
+    g_b = tl.zeros([BT, BK], dtype=tl.float32)
+    _d_b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    d_b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_b_e_k, 0.)
+    g_b += d_b_e * b_de
+    tl.store(dx_b + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_b, dx_b, DT_ID), mask=m_rk)
+    g_k += b_da
+    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
     b_db -= b_a * b_da
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
@@ -905,13 +923,12 @@ def chunk_bwd_grad_kernel(
     tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
-#   Parts: q = q; lg = g; beta = 1; z = v*w; e = b*k; a = k
+#   Parts: lg = g
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_k, p_v, p_b, p_w, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_v, dx_g, dx_b, dx_w,
-    cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
+    ag_buf, dx_g, cu_seqlens, chunk_indices, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -930,47 +947,11 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    a_q = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_lg = tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
-    a_z = tl.load(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    a_e = tl.load(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    # d q
-    g_q = tl.zeros([BT, BK], dtype=tl.float32)
-    g_q += a_q
-    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
-    # d k
-    g_k = tl.zeros([BT, BK], dtype=tl.float32)
-    _d_k_e_b = tl.load(p_b + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    d_k_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_k_e_b, 0.)
-    g_k += d_k_e * a_e
-    g_k += a_a
-    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d v
-    g_v = tl.zeros([BT, BV], dtype=tl.float32)
-    _d_v_z_w = tl.load(p_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    d_v_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_v_z_w, 0.)
-    g_v += d_v_z * a_z
-    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
     tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
-    # d b
-    g_b = tl.zeros([BT, BK], dtype=tl.float32)
-    _d_b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    d_b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_b_e_k, 0.)
-    g_b += d_b_e * a_e
-    tl.store(dx_b + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_b, dx_b, DT_ID), mask=m_rk)
-    # d w
-    g_w = tl.zeros([BT, BV], dtype=tl.float32)
-    _d_w_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    d_w_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_w_z_v, 0.)
-    g_w += d_w_z * a_z
-    tl.store(dx_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_w, dx_w, DT_ID), mask=m_rv)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "b", "w"]
@@ -992,8 +973,8 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'p_k', 'g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_k', 'p_v', 'p_b', 'p_w', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1253,9 +1234,15 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
     bufs["ds0"] = buf(N * HV * DK * DV)
-    for n in ("aq_buf", "aa_buf", "ae_buf"):
+    # the reverse state pass first; dU_local is dead after it, so the buffers of the later stages are
+    # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
+    kernels = _bwd_kernels()
+    first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
+    run.launch(first)
+    del bufs["dul_buf"]
+    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
+    for n in ():
         bufs[n] = buf(TT * HV * DK)
-    bufs["az_buf"] = buf(TT * HV * DV)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
     bufs["ag_buf"] = buf(TT * HV * DK)
     lasts = {}
@@ -1267,7 +1254,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
         direct = not d.is_param and (d.heads != "key" or H == HV)
         bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
-    run.launch(_bwd_kernels())
+    run.launch([k for k in kernels if k not in first])
 
     grads = {}
     for n in _INPUTS:

@@ -513,7 +513,7 @@ def chunk_bwd_state_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, g_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, az_buf, ag_buf, cu_seqlens,
+    p_q, p_k, p_v, g_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ag_buf, dx_q, dx_k, dx_v, cu_seqlens,
     chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -538,8 +538,6 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
-    # the value-side adjoint is written once, by the first key block
-    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -558,7 +556,9 @@ def chunk_bwd_grad_kernel(
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
         b_dz = b_du
-        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rz[:, None] & m_v[None, :])
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -638,11 +638,15 @@ def chunk_bwd_grad_kernel(
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db = b_q * b_dq
-    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
+    g_q = tl.zeros([BT, BK], dtype=tl.float32)
+    g_q += b_dq
+    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da += b_das
-    tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
+    g_k = tl.zeros([BT, BK], dtype=tl.float32)
+    g_k += b_da
+    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     b_db -= b_a * b_da
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
@@ -650,13 +654,12 @@ def chunk_bwd_grad_kernel(
     tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
-#   Parts: q = q; lg = g; z = v; a = k
+#   Parts: lg = g
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    aq_buf, aa_buf, az_buf, ag_buf, dx_q, dx_k, dx_v, dx_g, cu_seqlens, chunk_indices, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    ag_buf, dx_g, cu_seqlens, chunk_indices, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -675,22 +678,7 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    a_q = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_lg = tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_z = tl.load(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    # d q
-    g_q = tl.zeros([BT, BK], dtype=tl.float32)
-    g_q += a_q
-    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
-    # d k
-    g_k = tl.zeros([BT, BK], dtype=tl.float32)
-    g_k += a_a
-    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d v
-    g_v = tl.zeros([BT, BV], dtype=tl.float32)
-    g_v += a_z
-    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
@@ -715,8 +703,8 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'p_k', 'g_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'az_buf', 'ag_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('aq_buf', 'aa_buf', 'az_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -970,9 +958,15 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
     bufs["ds0"] = buf(N * HV * DK * DV)
-    for n in ("aq_buf", "aa_buf"):
+    # the reverse state pass first; dU_local is dead after it, so the buffers of the later stages are
+    # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
+    kernels = _bwd_kernels()
+    first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
+    run.launch(first)
+    del bufs["dul_buf"]
+    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
+    for n in ():
         bufs[n] = buf(TT * HV * DK)
-    bufs["az_buf"] = buf(TT * HV * DV)
     bufs["ag_buf"] = buf(TT * HV * DK)
     lasts = {}
     for n in _INPUTS:
@@ -983,7 +977,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
         direct = not d.is_param and (d.heads != "key" or H == HV)
         bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
-    run.launch(_bwd_kernels())
+    run.launch([k for k in kernels if k not in first])
 
     grads = {}
     for n in _INPUTS:

@@ -1270,7 +1270,14 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
     bufs["ds0"] = buf(N * HV * DK * DV)
-    for n in ("aq_buf", "aa_buf", "ae_buf"):
+    # the reverse state pass first; dU_local is dead after it, so the buffers of the later stages are
+    # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
+    kernels = _bwd_kernels()
+    first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
+    run.launch(first)
+    del bufs["dul_buf"]
+    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
+    for n in ("aq_buf", "ae_buf", "aa_buf", ):
         bufs[n] = buf(TT * HV * DK)
     bufs["az_buf"] = buf(TT * HV * DV)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
@@ -1288,7 +1295,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
         direct = not d.is_param and (d.heads != "key" or H == HV)
         bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
-    run.launch(_bwd_kernels())
+    run.launch([k for k in kernels if k not in first])
 
     grads = {}
     for n in _INPUTS:
