@@ -220,15 +220,19 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 fused_grads=_fused_grad_code(ir, em, fused))
 
 
+def _backward_reads_l(ir: IR) -> bool:
+    """Whether bwd_grads reads L' back (per-channel decay, or the residual route's buffer) or re-forms it."""
+    return not ir.structure.additive and (ir.decay.kind == "vector" or ir.route == "residual")
+
+
 def _kept_buffers(ir: IR, kind: str) -> list[str]:
     """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps)."""
-    delta = not ir.structure.additive
     vector = ir.decay.kind == "vector"
     return {
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "stat_buf"],
-        "interaction": (["l_buf"] if delta else []) + (["s_buf"] if vector else []),
+        "interaction": (["l_buf"] if _backward_reads_l(ir) else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
     }.get(kind, [])
@@ -396,6 +400,7 @@ def _context(ir: IR) -> dict:
         erase_key=ek,
         log_gate=ir.decay.log_gate,
         has_beta=s.beta != 1,
+        reads_l=_backward_reads_l(ir),
         BT=BT,
         BC=BC,
         NC=BT // BC,

@@ -38,17 +38,21 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
     if name == "output":
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
-        # H200, gdn dk = dv = 128 (two calls per training step): BV 64 / 4 warps 0.33 ms, BV 32 / 4 warps 0.36,
-        # BV 32 / 8 warps 0.53. BV 64 is not used: at 3 stages it faulted (illegal address) under Triton 3.6, and
-        # at 2 stages pgdn's bf16 backward came out NaN (benchmarks/NOTES.md).
-        return BK, min(32, bv_full), 4, 2
+        # The state's key rows as 64-row tiles (two; BK = dk / 2 past dk = 128), as FLA's blockdim64 kernels
+        # hold them, and BV 64: each program reads W and A for half the value channels, not a quarter. Compile
+        # report (gdn, dk = dv = 128, sm_90): 234 registers, no spill. The earlier full-width [128, BV] tiles at
+        # BV 64 faulted at 3 stages under Triton 3.6 and gave NaN in pgdn's bf16 backward at 2 (benchmarks/NOTES.md,
+        # runs 3-5); the full width at BV 32 took 0.36 ms for two calls (run 9).
+        return max(bk_block, BK // 2), bv_full, 4, 2
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
         # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 2
     if name == "bwd_state":
-        # 4 warps: at 8 warps Triton 3.6 emitted a bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
-        return BK, min(32, bv_full), 4, 2
+        # dH as 64-row key tiles (run 9, full-width [128, 32] tiles: 0.29 ms). Compile report at dk = dv = 128: BV 32 /
+        # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
+        # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
+        return max(bk_block, BK // 2), min(32, bv_full), 4, 2
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":

@@ -684,7 +684,11 @@ def _bwd_grads(p: Plan) -> Stage | None:
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     if p.structure.decay != "none":
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
-    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.T", "interaction.L") if delta else ())
+    # L' = E ⋆⁻ A: read back where its decay is per channel (or the residual route keeps it anyway); with a
+    # scalar or no decay each key block re-forms its share, one masked 64×64 product (no kept fp32 L')
+    reads_l = delta and (vec or p.structure.route == "residual")
+    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.T",) if delta else ()) + \
+        (("interaction.L",) if reads_l else ())
     form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
         ("score pairs by hierarchical sub-chunk references" if vec else "score pairs as masked matmuls") + \
         ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
@@ -745,7 +749,10 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
     kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
     kept = tuple(k for k in kinds if k in KEPT_KINDS)
     recomputed = tuple(k for k in kinds if k not in KEPT_KINDS)
-    kept_bytes = sum(_bytes_per_token(o) for st in plan.stages() if st.kind in kept for o in st.outputs)
+    read = {r for st in stages for r in st.attr("reads", ())}
+    # what the forward keeps: the kept stages' outputs, but L' where no backward stage reads it back
+    kept_bytes = sum(_bytes_per_token(o) for st in plan.stages() if st.kind in kept for o in st.outputs
+                     if not (st.kind == "interaction" and o.name == "L" and "interaction.L" not in read))
     bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept, kept_bytes)
     typecheck_backward(plan, bp)
     return bp

@@ -319,7 +319,7 @@ def chunk_interaction_kernel(
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S3_1, mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S3_2, mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], S3_3, mask=mb3[:, None])
-    # store L' (the residual route and the backward read it)
+    # store L' (the residual route and the per-channel decay's backward read it)
     if KEEP:
         tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
         tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
@@ -438,12 +438,14 @@ def chunk_wy_kernel(
                  mask=m_r[:, None] & m_v[None, :])
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
+#   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
     p_k, g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -453,13 +455,18 @@ def chunk_state_pass_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
+    o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    m_h = m_k[:, None] & m_v[None, :]
-    p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
-    b_h = tl.load(s0 + p_s, mask=m_h, other=0.)
+    o_k = o_kb
+    m_k = o_k < DK
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
@@ -469,20 +476,53 @@ def chunk_state_pass_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_u = b_u - _mm(b_w, b_h, DT_ID)
+            o_k = o_kb
+            m_k = o_k < DK
+            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_u -= _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_u -= _mm(b_w, b_h1, DT_ID)
+
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            o_k = o_kb
+            m_k = o_k < DK
             _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
             b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
-            b_h = b_h * tl.exp2(b_gl)[:, None]
-            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+            b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
+            b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
+                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
+
 
             i_tc += 1
     else:
@@ -492,23 +532,63 @@ def chunk_state_pass_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_u = b_u - _mm(b_w, b_h, DT_ID)
+            o_k = o_kb
+            m_k = o_k < DK
+            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_u -= _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_u -= _mm(b_w, b_h1, DT_ID)
+
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            o_k = o_kb
+            m_k = o_k < DK
             _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
             b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
-            b_h = b_h * tl.exp2(b_gl)[:, None]
-            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+            b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
+            b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
+                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
+
 
     if STORE_FINAL:
-        tl.store(s_out + p_s, b_h, mask=m_h)
+        o_k = o_kb
+        m_k = o_k < DK
+        tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
+
+        if DK > 1 * BK:
+            o_k = 1 * BK + o_kb
+            m_k = o_k < DK
+            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
@@ -586,14 +666,15 @@ def chunk_bwd_local_values_kernel(
     tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
+#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
     p_q, p_k, g_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -603,13 +684,18 @@ def chunk_bwd_state_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
+    o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    m_h = m_k[:, None] & m_v[None, :]
-    p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
-    b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
+    o_k = o_kb
+    m_k = o_k < DK
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
@@ -619,26 +705,62 @@ def chunk_bwd_state_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
             _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_af = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
-            b_qf = b_q * tl.exp2(b_g)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            b_du += _mm(b_af, b_dh, DT_ID)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+            b_du += _mm(b_a, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                b_du += _mm(b_a, b_dh1, DT_ID)
+
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            b_dh = b_dh * tl.exp2(b_gl)[:, None]
-            b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_qf = b_q * tl.exp2(b_g)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_qf = b_q * tl.exp2(b_g)
+                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
 
             i_tc -= 1
     else:
@@ -648,28 +770,72 @@ def chunk_bwd_state_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
             _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_af = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
-            b_qf = b_q * tl.exp2(b_g)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            b_du += _mm(b_af, b_dh, DT_ID)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+            b_du += _mm(b_a, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                b_du += _mm(b_a, b_dh1, DT_ID)
+
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            b_dh = b_dh * tl.exp2(b_gl)[:, None]
-            b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_qf = b_q * tl.exp2(b_g)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh = b_dh - _mm(b_wt, b_du, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
-    tl.store(ds0 + p_s, b_dh, mask=m_h)
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_qf = b_q * tl.exp2(b_g)
+                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
+
+    o_k = o_kb
+    m_k = o_k < DK
+    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
+
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
@@ -1088,7 +1254,7 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
-    if keep or False:
+    if keep:
         b["l_buf"] = (TT * HV * BT, f32)
     b["vn_buf"] = (TT * HV * DV, dt)
     return b

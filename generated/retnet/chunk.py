@@ -137,12 +137,14 @@ def chunk_cumsum_kernel(
 
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
+#   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
     p_k, p_v, g_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -152,13 +154,18 @@ def chunk_state_pass_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
+    o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    m_h = m_k[:, None] & m_v[None, :]
-    p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
-    b_h = tl.load(s0 + p_s, mask=m_h, other=0.)
+    o_k = o_kb
+    m_k = o_k < DK
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
@@ -168,20 +175,42 @@ def chunk_state_pass_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
+            p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_h = b_h * tl.exp2(b_gl)
-            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
+
 
             i_tc += 1
     else:
@@ -191,23 +220,52 @@ def chunk_state_pass_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(h_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_h, DT_ID).to(h_buf.dtype.element_ty), mask=m_h)
+            p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
             b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_h = b_h * tl.exp2(b_gl)
-            b_h = b_h + _mm(tl.trans(b_a), b_u, DT_ID)
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
+
 
     if STORE_FINAL:
-        tl.store(s_out + p_s, b_h, mask=m_h)
+        o_k = o_kb
+        m_k = o_k < DK
+        tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
+
+        if DK > 1 * BK:
+            o_k = 1 * BK + o_kb
+            m_k = o_k < DK
+            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
@@ -299,14 +357,15 @@ def chunk_bwd_local_values_kernel(
     tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
+#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
     p_q, p_k, g_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -316,13 +375,18 @@ def chunk_bwd_state_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
+    o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    m_h = m_k[:, None] & m_v[None, :]
-    p_s = ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :]
-    b_dh = tl.load(ds_fin + p_s, mask=m_h, other=0.)
+    o_k = o_kb
+    m_k = o_k < DK
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
@@ -332,24 +396,52 @@ def chunk_bwd_state_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_qf = b_q * tl.exp2(b_g)[:, None]
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            b_du += _mm(b_af, b_dh, DT_ID)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
+
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            b_dh = b_dh * tl.exp2(b_gl)
-            b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_qf = b_q * tl.exp2(b_g)[:, None]
+            b_dh0 = b_dh0 * tl.exp2(b_gl)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_qf = b_q * tl.exp2(b_g)[:, None]
+                b_dh1 = b_dh1 * tl.exp2(b_gl)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+
 
             i_tc -= 1
     else:
@@ -359,26 +451,62 @@ def chunk_bwd_state_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
-            tl.store(dh_buf + (((c_first + i_tc) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
-                     _round(b_dh, DT_ID).to(dh_buf.dtype.element_ty), mask=m_h)
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_af = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_qf = b_q * tl.exp2(b_g)[:, None]
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            b_du += _mm(b_af, b_dh, DT_ID)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
+
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            b_dh = b_dh * tl.exp2(b_gl)
-            b_dh = b_dh + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_qf = b_q * tl.exp2(b_g)[:, None]
+            b_dh0 = b_dh0 * tl.exp2(b_gl)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
 
-    tl.store(ds0 + p_s, b_dh, mask=m_h)
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_qf = b_q * tl.exp2(b_g)[:, None]
+                b_dh1 = b_dh1 * tl.exp2(b_gl)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+
+
+    o_k = o_kb
+    m_k = o_k < DK
+    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
+
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
