@@ -90,6 +90,10 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
     """(True, '') when render_chunk handles `ir`; else (False, reason)."""
     st = ir.structure
     s = ir.solve
+    if ir.reductions:
+        ops = ", ".join(sorted({f"{r.op}(...)" for r in ir.reductions}))
+        return False, (f"channel reduction ({ops}): the chunk kernels evaluate spec expressions elementwise per "
+                       "channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it")
     try:
         if not st.tied:
             return False, "untied DPLR solve (f != w): needs four interaction matrices; not generated"
@@ -405,6 +409,7 @@ def _context(ir: IR) -> dict:
         BC=BC,
         NC=BT // BC,
         levels=[BT >> i for i in range(BT.bit_length() - 1)],  # 64, 32, ..., 2
+        sub_levels=[BC >> i for i in range(BC.bit_length() - 1)],  # 16, 8, 4, 2
         RCP_LN2=repr(RCP_LN2),
         q_sym=sp.Symbol("q", real=True),
         q_raw_sym=sp.Symbol("q__raw", real=True),

@@ -37,7 +37,7 @@ import sympy as sp
 
 from ..compiler import exprs as _exprs
 from ..compiler import ir as _irmod
-from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .triton_expr import triton_expr
 
 # Square statistics (P, C) live in registers as [BK, BK] fp32 tiles: fine up to dk = 128.
@@ -63,7 +63,15 @@ def _env() -> jinja2.Environment:
 
 # --- the IR as Python source ----------------------------------------------------------------------
 _IR_CLASSES = {c.__name__ for c in (_irmod.IR, _irmod.TensorDecl, _irmod.Decay, _irmod.DiagPrecond, _irmod.Precond,
-                                    _irmod.Solve, _irmod.ReadCorrection)}
+                                    _irmod.Solve, _irmod.ReadCorrection, _irmod.Reduction)}
+
+
+def _serialised(value: object, field_name: str) -> bool:
+    """The fields a module's IR source spells out: not the derived structure, nor an empty reduction list (so
+    specs without reductions render as before)."""
+    return field_name != "structure" and not (field_name == "reductions" and not getattr(value, field_name))
+
+
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
@@ -89,14 +97,14 @@ def _py(value: object, indent: int = 0) -> str:
         items = [f"{pad}{_py(v, indent + 4)}," for v in value]
         return "(\n" + "\n".join(items) + "\n" + " " * indent + ")"
     parts = [f"{pad}{f.name}={_py(getattr(value, f.name), indent + 4)},"
-             for f in dataclasses.fields(value) if f.name != "structure"]  # type: ignore[arg-type]
+             for f in dataclasses.fields(value) if _serialised(value, f.name)]  # type: ignore[arg-type]
     return f"_ir.{type(value).__name__}(\n" + "\n".join(parts) + "\n" + " " * indent + ")"
 
 
 def _py_flat(value: object) -> str:
     if dataclasses.is_dataclass(value) and type(value).__name__ in _IR_CLASSES:
         args = ", ".join(f"{f.name}={_py_flat(getattr(value, f.name))}"
-                         for f in dataclasses.fields(value) if f.name != "structure")  # type: ignore[arg-type]
+                         for f in dataclasses.fields(value) if _serialised(value, f.name))  # type: ignore[arg-type]
         return f"_ir.{type(value).__name__}({args})"
     if isinstance(value, tuple):
         inner = ", ".join(_py_flat(v) for v in value)
@@ -209,7 +217,8 @@ def _check(ir: IR) -> None:
         raise RecurrentCodegenError(f"{ir.name!r} is not a Python identifier")
 
 
-def _context(ir: IR) -> dict[str, object]:
+def _context(spec_ir: IR) -> dict[str, object]:
+    ir = kernel_ir(spec_ir)  # reductions become derived per-token inputs of the kernel
     _check(ir)
     b = _Builder(ir)
     e, f, vp, w = ir.solve.canonical()
@@ -217,8 +226,10 @@ def _context(ir: IR) -> dict[str, object]:
     ctx: dict[str, object] = {
         "name": ir.name,
         "kernel": f"{ir.name}_recurrent_fwd_kernel",
-        "ir_source": _py(ir),
-        "ir_text": _irmod.format_ir(dataclasses.replace(ir, structure=s)),
+        "ir_source": _py(spec_ir),
+        "ir_text": _irmod.format_ir(dataclasses.replace(spec_ir, structure=s)),
+        "has_reductions": bool(spec_ir.reductions),
+        "kir": "KERNEL_IR" if spec_ir.reductions else "IR",
         "state_names": list(ir.state_names),
         "normalize": list(ir.normalize),
         "norm_eps": repr(float(ir.norm_eps)),

@@ -31,7 +31,7 @@ import sympy as sp
 from ..compiler import exprs as _exprs
 from ..compiler import ir as _irmod
 from ..compiler.exprs import diff_by_name
-from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .triton_expr_bwd import triton_expr_bwd
 
 MAX_DK = 256
@@ -55,7 +55,15 @@ def _env() -> jinja2.Environment:
 
 
 # --- the IR as Python source (the module checks its inputs with the same rules as the reference) ---------
-_IR_CLASSES = ("IR", "TensorDecl", "Decay", "DiagPrecond", "Precond", "Solve", "ReadCorrection")
+_IR_CLASSES = ("IR", "TensorDecl", "Decay", "DiagPrecond", "Precond", "Solve", "ReadCorrection", "Reduction")
+
+
+def _serialised(value: object, field_name: str) -> bool:
+    """The fields a module's IR source spells out: not the derived structure, nor an empty reduction list (so
+    specs without reductions render as before)."""
+    return field_name != "structure" and not (field_name == "reductions" and not getattr(value, field_name))
+
+
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
@@ -74,7 +82,7 @@ def _qualify(text: str) -> str:
 def _py(value: object) -> str:
     if dataclasses.is_dataclass(value) and type(value).__name__ in _IR_CLASSES:
         args = ",\n    ".join(f"{f.name}={_py(getattr(value, f.name))}"
-                              for f in dataclasses.fields(value) if f.name != "structure")  # type: ignore[arg-type]
+                              for f in dataclasses.fields(value) if _serialised(value, f.name))  # type: ignore[arg-type]
         return f"_ir.{type(value).__name__}(\n    {args})"
     if isinstance(value, tuple):
         inner = ", ".join(_py(v) for v in value)
@@ -176,7 +184,8 @@ def _check(ir: IR) -> None:
         raise RecurrentBackwardCodegenError(f"{ir.name!r} is not a Python identifier")
 
 
-def _context(ir: IR) -> dict[str, object]:
+def _context(spec_ir: IR) -> dict[str, object]:
+    ir = kernel_ir(spec_ir)  # reductions become derived per-token inputs of the kernel
     _check(ir)
     b = _Builder(ir)
     s = ir.structure if ir.structure is not None else _irmod.analyse(ir)
@@ -338,8 +347,10 @@ def _context(ir: IR) -> dict[str, object]:
         "offsets_lean": offsets_lean,
         "lean_gates": [g for g in gates if g[0] != "v_ek"],
         "kernel": f"{ir.name}_recurrent_bwd_kernel",
-        "ir_source": _py(ir),
-        "ir_text": _irmod.format_ir(dataclasses.replace(ir, structure=s)),
+        "ir_source": _py(spec_ir),
+        "ir_text": _irmod.format_ir(dataclasses.replace(spec_ir, structure=s)),
+        "has_reductions": bool(spec_ir.reductions),
+        "kir": "KERNEL_IR" if spec_ir.reductions else "IR",
         "inputs": inputs,
         "state_names": list(ir.state_names),
         "slot_size": {"S": "BK * BV", "A": "BK", "P": "BK * BK", "C": "BK * BK", "m": "BK", "n": "1"},

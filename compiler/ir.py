@@ -12,7 +12,7 @@ their channel (dk for key-side, dv for value-side).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy as sp
 
@@ -115,6 +115,30 @@ class ReadCorrection:
 
 
 @dataclass(frozen=True)
+class Reduction:
+    """A channel reduction, bound to the symbol `name` wherever the spec wrote it.
+
+    sum:     name = Σ_c arg_c                     (a token-level scalar)
+    l2norm:  name_c = arg_c / sqrt(Σ_c arg_c² + eps)   (a vector on `side`)
+
+    `arg` is elementwise over `side` ('key': dk channels, 'value': dv) and reads inputs, params and the
+    symbols of earlier reductions (the tuple is in dependence order). Normalised q and k are read
+    normalised. The value is a per-token (derived) input of every later stage.
+    """
+
+    name: str
+    op: str  # sum | l2norm
+    arg: sp.Expr
+    side: str  # key | value
+    eps: float = 0.0  # l2norm only
+
+    @property
+    def role(self) -> str:
+        """The role of the value as a per-token input: a token scalar or a channel vector of `side`."""
+        return "token" if self.op == "sum" else f"{self.side}_channel"
+
+
+@dataclass(frozen=True)
 class Structure:
     """What later stages specialise on, found by analysis rather than by the system's name."""
 
@@ -143,6 +167,7 @@ class IR:
     read: ReadCorrection
     route: str  # none | value | residual
     lets: tuple[tuple[str, sp.Expr], ...] = field(default=(), compare=False)
+    reductions: tuple[Reduction, ...] = ()
     structure: Structure = field(default=None, compare=False)  # type: ignore[assignment]
 
     def input(self, name: str) -> TensorDecl:
@@ -162,6 +187,16 @@ class IR:
         if self.read.kind == "curvature":
             names += ["C", "m", "n"]
         return tuple(names)
+
+
+def kernel_ir(ir: IR) -> IR:
+    """`ir` with every reduction turned into a per-token input of its role (per value head): the IR the
+    recurrent kernels are generated from. Their modules keep the spec's IR to check the caller's inputs and
+    compute the derived inputs before each launch (runtime/reductions.py)."""
+    if not ir.reductions:
+        return ir
+    derived = tuple(TensorDecl(r.name, r.role, False, "value", "free") for r in ir.reductions)
+    return replace(ir, inputs=ir.inputs + derived, reductions=())
 
 
 def analyse(ir: IR) -> Structure:
@@ -191,6 +226,10 @@ def format_ir(ir: IR) -> str:
         dflt = f" = {d.default}" if d.default is not None else ""
         lines.append(f"    {kind} {d.name:<10} {d.role:<14} {d.domain:<9} {d.shape_text()}{dflt}")
     lines.append(f"  normalize: {', '.join(ir.normalize) or '-'} (eps={ir.norm_eps:g})")
+    for r in ir.reductions:
+        over = f"{r.side} channels"
+        rhs = f"sum({r.arg})" if r.op == "sum" else f"l2norm({r.arg}, eps={r.eps:g})"
+        lines.append(f"  reduction: {r.name} = {rhs}  over {over}")
     lines.append(f"  scale: {'dk ** -0.5' if ir.scale is None else ir.scale}")
     lines.append(f"  decay: {ir.decay.kind}" + (f"  log D = {ir.decay.log_gate}" if ir.decay.log_gate is not None else ""))
     p = ir.precond

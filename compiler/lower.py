@@ -15,6 +15,7 @@ import sympy as sp
 from ..dsl import ast
 from ..dsl.check import Kind, Scope, check_declarations
 from ..dsl.errors import (
+    CurvatureNeedsNormalizedKeys,
     DuplicateArgument,
     DuplicateSlot,
     Loc,
@@ -37,8 +38,22 @@ from ..dsl.errors import (
     WrongKind,
     did_you_mean,
 )
+from ..dsl.functions import L2NORM_DEFAULT_EPS, REDUCTION_ARITY
 from .exprs import FUNCTIONS
-from .ir import HEAD_INDEX, IR, KTILDE, STAT, Decay, DiagPrecond, Precond, ReadCorrection, Solve, TensorDecl, analyse
+from .ir import (
+    HEAD_INDEX,
+    IR,
+    KTILDE,
+    STAT,
+    Decay,
+    DiagPrecond,
+    Precond,
+    ReadCorrection,
+    Reduction,
+    Solve,
+    TensorDecl,
+    analyse,
+)
 
 _ASSUMPTIONS = {
     "log_gate": {"nonpositive": True, "real": True},
@@ -69,6 +84,8 @@ class Lowering:
     scope: Scope
     slots: dict[str, ast.Slot] = field(default_factory=dict)
     parts: dict[str, object] = field(default_factory=dict)
+    # channel reductions by (op, arg, eps), in the order they were first met: inner ones first
+    reductions: dict[tuple[str, sp.Expr, float], Reduction] = field(default_factory=dict)
     _let_cache: dict[str, sp.Expr] = field(default_factory=dict)
 
     # --- expressions ---------------------------------------------------------------------------
@@ -96,6 +113,8 @@ class Lowering:
                 if op == "**" and b.is_Integer and int(b) > 16:
                     b = sp.Float(b)
                 out = self._node(e, lambda: _BINARY[op](a, b))
+            case ast.Call(func=f) if f in REDUCTION_ARITY:
+                out = self.reduction(e)
             case ast.Call(func=f, args=args):
                 xs = [self.sym(x) for x in args]  # type: ignore[arg-type]
                 out = self._node(e, lambda: FUNCTIONS[f][1](*xs))
@@ -104,6 +123,38 @@ class Lowering:
         if out.has(sp.zoo, sp.nan, sp.oo, -sp.oo, sp.I):
             raise NotReal(e.loc, expr=ast.expr_text(e))
         return _no_huge_rationals(out)
+
+    def reduction(self, call: ast.Call) -> sp.Symbol:
+        """The symbol that stands for `sum(x)` or `l2norm(x [, eps])`: the value is derived per token from the
+        inputs (compiler/ir.py: Reduction), so every other expression stays elementwise. Its sign facts
+        follow x's: a sum of squares is >= 0 (so `-sum(k * k)` is a valid log-gate), l2norm keeps each
+        channel's sign."""
+        kind = self.scope.kind_of(call)  # arity, roles and mixed sides, located
+        arg_e = call.args[0]
+        assert not isinstance(arg_e, ast.KwArg)
+        side = self.scope.kind_of(arg_e).vec
+        assert side is not None
+        arg = self.sym(arg_e)
+        eps = 0.0
+        if call.func == "l2norm":
+            eps = L2NORM_DEFAULT_EPS
+            if len(call.args) == 2:
+                eps_e = call.args[1]
+                assert not isinstance(eps_e, ast.KwArg)
+                eps = _constant(self, eps_e, "l2norm eps")
+                if eps < 0:
+                    raise WrongKind(eps_e.loc, what="the l2norm eps", expected="a number >= 0",
+                                    expr=ast.expr_text(eps_e), kind=str(eps), fix="use e.g. l2norm(x, 1e-6)")
+        key = (call.func, arg, eps)
+        if key not in self.reductions:
+            taken = set(self.scope.first_loc) | set(self.scope.decls) | set(self.scope.lets) | {
+                r.name for r in self.reductions.values()}
+            i = 0
+            while f"{call.func}_{i}" in taken:
+                i += 1
+            self.reductions[key] = Reduction(f"{call.func}_{i}", call.func, arg, side, eps)
+        assert (kind.vec is None) == (call.func == "sum")
+        return sp.Symbol(self.reductions[key].name, **_sign_facts(arg))
 
     @staticmethod
     def _node(e: ast.Expr, build: Callable[[], sp.Expr]) -> sp.Expr:
@@ -140,6 +191,14 @@ class Lowering:
                 raise NotStatic(v.loc, where=where, name=v.name)
             if v.name in self.scope.lets and self.scope.lets[v.name][1].varies == "token":
                 raise NotStatic(v.loc, where=where, name=v.name)
+
+
+def _sign_facts(arg: sp.Expr) -> dict[str, bool]:
+    """The sympy assumptions a reduction of `arg` inherits: Σ and l2norm keep the sign of every channel."""
+    for fact in ("positive", "negative", "nonnegative", "nonpositive"):
+        if getattr(arg, f"is_{fact}") is True:
+            return {fact: True, "real": True}
+    return {"real": True}
 
 
 def _no_huge_rationals(x: sp.Expr) -> sp.Expr:
@@ -541,6 +600,10 @@ def _combination_checks(low: Lowering) -> None:
             at("route"), what=f"route residual with {_a(solve.spelled)} solve",
             reason="the residual r = v − S̄k is the delta family's erase target",
             fix="use `route value`, or a delta/erase_write solve")
+    if read.kind == "curvature" and "k" not in low.parts.get("normalize", ()):  # type: ignore[operator]
+        # CCQ's statistics C̄ = (1/t) Σ k kᵀ and μ are defined on unit keys; on raw keys the correction's
+        # size scales with ‖k‖² and it is no longer the paper's read
+        raise CurvatureNeedsNormalizedKeys(at("read"), missing="k")
     if solve.kind == "dplr" and precond.kind != "none":
         raise UnsupportedCombination(
             at("precond"), what="a preconditioner with a dplr solve",
@@ -549,6 +612,27 @@ def _combination_checks(low: Lowering) -> None:
         raise UnsupportedCombination(
             at("read"), what="a curvature read with a dplr solve",
             reason="not derived for untied erase vectors yet", fix="use a delta or additive solve")
+
+
+def _ir_exprs(low: Lowering) -> list[sp.Expr]:
+    """Every expression the recurrence evaluates (lets only through the slots that use them)."""
+    decay: Decay = low.parts.get("decay", Decay("none"))  # type: ignore[assignment]
+    precond: Precond = low.parts.get("precond", Precond("none"))  # type: ignore[assignment]
+    read: ReadCorrection = low.parts.get("read", ReadCorrection())  # type: ignore[assignment]
+    solve: Solve = low.parts["solve"]  # type: ignore[assignment]
+    out = [solve.beta, solve.target, solve.write_key, solve.erase_key, solve.e, solve.f, decay.log_gate, read.lam]
+    if precond.diag is not None:
+        out += [precond.diag.stat, precond.diag.decay, precond.diag.gain, precond.diag.map]
+    return [x for x in out if x is not None]
+
+
+def _used_reductions(reductions: tuple[Reduction, ...], exprs: list[sp.Expr]) -> tuple[Reduction, ...]:
+    """The reductions the recurrence reads, directly or through another reduction (an unused let's are dropped)."""
+    names = {s.name for x in exprs for s in x.free_symbols}
+    for r in reversed(reductions):  # a reduction reads only earlier ones
+        if r.name in names:
+            names |= {s.name for s in r.arg.free_symbols}
+    return tuple(r for r in reductions if r.name in names)
 
 
 def lower(spec: ast.Spec) -> IR:
@@ -592,5 +676,6 @@ def _lower(spec: ast.Spec) -> IR:
         read=low.parts.get("read", ReadCorrection()),  # type: ignore[arg-type]
         route=low.parts.get("route", "none"),  # type: ignore[arg-type]
         lets=tuple((n, low.sym(ast.Var(n, Loc.point(1, 1)))) for n in scope.lets),
+        reductions=_used_reductions(tuple(low.reductions.values()), _ir_exprs(low)),
     )
     return replace(ir, structure=analyse(ir))

@@ -20,6 +20,9 @@ from .errors import (
     MissingCoreInput,
     MissingRole,
     MixedVectors,
+    ReductionMixesRoles,
+    ReductionOverScalar,
+    ReductionOverStatistic,
     ReservedName,
     UndefinedName,
     UnknownDescriptor,
@@ -30,7 +33,7 @@ from .errors import (
     WrongCoreRole,
     did_you_mean,
 )
-from .functions import FUNCTION_ARITY
+from .functions import FUNCTION_ARITY, REDUCTION_ARITY
 
 ROLES_INPUT = ("key", "value", "token", "key_channel", "value_channel")
 ROLES_PARAM = ("head", "key_channel", "value_channel")
@@ -137,11 +140,12 @@ def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict[str, int]) -> K
             raise UndefinedName(loc, hint=did_you_mean(n, known) or None, name=n)
         case ast.KwArg(name=n, loc=loc):
             raise KeywordInExpression(loc, name=n)
+        case ast.Call(func=f, args=args, loc=loc) if f in REDUCTION_ARITY:
+            return _reduction_kind(e, scope, functions)
         case ast.Call(func=f, args=args, loc=loc):
             if f not in functions:
-                raise UnknownFunction(
-                    loc, hint=did_you_mean(f, functions) or None, name=f, known=", ".join(sorted(functions))
-                )
+                known = sorted([*functions, *REDUCTION_ARITY])
+                raise UnknownFunction(loc, hint=did_you_mean(f, known) or None, name=f, known=", ".join(known))
             arity = functions[f]
             for a in args:
                 if isinstance(a, ast.KwArg):
@@ -155,6 +159,32 @@ def _kind(e: ast.Expr | ast.KwArg, scope: Scope, functions: dict[str, int]) -> K
             kl, kr = _kind(l, scope, functions), _kind(r, scope, functions)
             return kl.join(kr, loc, (_first_vec_name(l, kl, scope), _first_vec_name(r, kr, scope)))
     raise TypeError(type(e))
+
+
+def _reduction_kind(call: ast.Call, scope: Scope, functions: dict[str, int]) -> Kind:
+    """sum(x) is a scalar and l2norm(x [, eps]) a vector of x's side; x must be one side's channel vector."""
+    fewest, most = REDUCTION_ARITY[call.func]
+    for a in call.args:
+        if isinstance(a, ast.KwArg):
+            raise KeywordInExpression(a.loc, name=a.name)
+    if not fewest <= len(call.args) <= most:
+        usage = "sum(k * k)" if call.func == "sum" else "l2norm(x) or l2norm(x, 1e-6)"
+        expected = f"{fewest}" if fewest == most else f"{fewest} or {most}"
+        raise WrongArity(call.loc, hint=f"call it as {usage}", name=call.func, expected=expected, got=len(call.args))
+    arg = call.args[0]
+    assert not isinstance(arg, ast.KwArg)
+    if "A" in scope.extra and any(v.name == "A" for v in scope.names_in(arg)):
+        raise ReductionOverStatistic(call.loc, name=call.func)
+    try:
+        k = _kind(arg, scope, functions)
+    except MixedVectors as mixed:
+        raise ReductionMixesRoles(call.loc, name=call.func, key=mixed.fields["key"],
+                                  value=mixed.fields["value"]) from None
+    if k.vec is None:
+        raise ReductionOverScalar(arg.loc, name=call.func, expr=ast.expr_text(arg), kind=k.describe())
+    if len(call.args) == 2:
+        _kind(call.args[1], scope, functions)  # names in eps resolve; lower.py checks it is a constant
+    return Kind(None if call.func == "sum" else k.vec, k.varies, k.heads)
 
 
 def _first_vec_name(e: ast.Expr, k: Kind, scope: Scope) -> str:

@@ -252,6 +252,22 @@ class MixedVectors(SpecError):
     hint = "elementwise expressions live on one side of the state: dk or dv"
 
 
+class ReductionOverScalar(SpecError):
+    template = "`{name}` reduces over channels, but `{expr}` is {kind}"
+    hint = ("sum and l2norm take a key-channel or value-channel vector, e.g. `sum(k * k)` or `l2norm(kappa)`; "
+            "a token-level or per-head value has no channels to reduce")
+
+
+class ReductionMixesRoles(SpecError):
+    template = "`{name}` mixes a key-channel vector (`{key}`) with a value-channel vector (`{value}`)"
+    hint = "a reduction runs over one side of the state (dk or dv): reduce each side on its own, e.g. sum(k * k) * sum(v * v)"
+
+
+class ReductionOverStatistic(SpecError):
+    template = "`{name}` cannot reduce over the preconditioner statistic `A`"
+    hint = "reductions are computed per token from the inputs; the diag map acts on A elementwise"
+
+
 class NotStatic(SpecError):
     template = "{where} must not depend on per-token inputs (`{name}` is per token)"
     hint = "use params, head_index and numbers only"
@@ -314,6 +330,12 @@ class NotUnitInterval(SpecError):
 class UnsupportedCombination(SpecError):
     template = "{what} is not supported: {reason}"
     hint = "{fix}"
+
+
+class CurvatureNeedsNormalizedKeys(SpecError):
+    template = "a curvature read needs L2-normalised keys, but `{missing}` is not normalised"
+    hint = ("add `normalize q, k`: the curvature statistics C = Σ k kᵀ and μ = Σ k / t are defined on "
+            "L2-normalised keys (and q' on a normalised query)")
 
 
 class UnusedInput(SpecError):

@@ -18,6 +18,7 @@ _UNARY: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     sp.exp: torch.exp,
     sp.log: torch.log,
     sp.Abs: torch.abs,
+    sp.sign: torch.sign,  # from derivatives of |x| (runtime/reductions.py)
     sp.tanh: torch.tanh,
     sigmoid: torch.sigmoid,
     logsigmoid: F.logsigmoid,

@@ -20,6 +20,7 @@ import torch
 
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT
 from .evaluate import evaluate
+from .reductions import reduce_channels
 from .tensors import Dims, TensorError, check_cu_seqlens, check_inputs
 
 
@@ -127,6 +128,8 @@ def build_env(ir: IR, x: Mapping[str, torch.Tensor], dims: Dims, dtype: torch.dt
     for name in ir.normalize:
         env[name] = _l2norm(env[name], ir.norm_eps)
     env[HEAD_INDEX.name] = torch.arange(dims.HV, dtype=dtype, device=env["q"].device).reshape(1, 1, dims.HV, 1)
+    for r in ir.reductions:  # in dependence order; each reads the (normalised) inputs and earlier reductions
+        env[r.name] = reduce_channels(r, _full(evaluate(r.arg, env, env["q"]), env["q"]))
     return env
 
 
