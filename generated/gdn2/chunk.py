@@ -147,7 +147,10 @@ def chunk_cumsum_kernel(
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
 #   S_IJ = [Q ⋆ A]_IJ (vector decay): J < I uses the reference r_I = b at the token before block I, so both
-#   factors e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; diagonal blocks are formed token-pairwise.
+#   factors e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; diagonal blocks by hierarchical references (docs/chunk_forms.md
+#   §3 applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
+#   take r = b at the block's middle, one masked 16×16 product per level (fp32 operands, as the diagonal's
+#   token pairs were), plus the t = j terms of S.
 @triton.jit
 def chunk_interaction_kernel(
     p_q, p_k, p_b, g_buf, t_buf, l_buf, s_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
@@ -213,14 +216,44 @@ def chunk_interaction_kernel(
         bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
         _b_q0_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
-        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
-        for j in range(0, BC):
-            sel = o_c == j
-            a_j = tl.sum(tl.where(sel[:, None], b_a0, 0.), 0)
-            g_j = tl.sum(tl.where(sel[:, None], bg0, 0.), 0)
-            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg0 - g_j[None, :], 0.))
-            L0_0 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e0 * a_dec, 1)[:, None], 0.)
-            S0_0 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q0 * a_dec, 1)[:, None], 0.)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_a0, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * tl.exp2(tl.minimum(b_ref - bg0, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg0 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        L0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * tl.exp2(tl.minimum(b_ref - bg0, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg0 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        L0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * tl.exp2(tl.minimum(b_ref - bg0, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg0 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        L0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * tl.exp2(tl.minimum(b_ref - bg0, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg0 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        L0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e0 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S0_0 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q0 * d_up, 0.), tl.trans(a_dn)), 0.)
         # -- row block 1
         _b_e1_b = tl.load(p_b + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -237,14 +270,44 @@ def chunk_interaction_kernel(
         af1_0 = b_a0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
         L1_0 += _mm(ef1, tl.trans(af1_0), DT_ID)
         S1_0 += _mm(qf1, tl.trans(af1_0), DT_ID)
-        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
-        for j in range(0, BC):
-            sel = o_c == j
-            a_j = tl.sum(tl.where(sel[:, None], b_a1, 0.), 0)
-            g_j = tl.sum(tl.where(sel[:, None], bg1, 0.), 0)
-            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg1 - g_j[None, :], 0.))
-            L1_1 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e1 * a_dec, 1)[:, None], 0.)
-            S1_1 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q1 * a_dec, 1)[:, None], 0.)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_a1, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * tl.exp2(tl.minimum(b_ref - bg1, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg1 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        L1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * tl.exp2(tl.minimum(b_ref - bg1, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg1 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        L1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * tl.exp2(tl.minimum(b_ref - bg1, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg1 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        L1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * tl.exp2(tl.minimum(b_ref - bg1, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg1 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        L1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e1 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S1_1 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q1 * d_up, 0.), tl.trans(a_dn)), 0.)
         # -- row block 2
         _b_e2_b = tl.load(p_b + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -264,14 +327,44 @@ def chunk_interaction_kernel(
         af2_1 = b_a1 * tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
         L2_1 += _mm(ef2, tl.trans(af2_1), DT_ID)
         S2_1 += _mm(qf2, tl.trans(af2_1), DT_ID)
-        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
-        for j in range(0, BC):
-            sel = o_c == j
-            a_j = tl.sum(tl.where(sel[:, None], b_a2, 0.), 0)
-            g_j = tl.sum(tl.where(sel[:, None], bg2, 0.), 0)
-            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg2 - g_j[None, :], 0.))
-            L2_2 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e2 * a_dec, 1)[:, None], 0.)
-            S2_2 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q2 * a_dec, 1)[:, None], 0.)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_a2, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * tl.exp2(tl.minimum(b_ref - bg2, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg2 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        L2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * tl.exp2(tl.minimum(b_ref - bg2, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg2 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        L2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * tl.exp2(tl.minimum(b_ref - bg2, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg2 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        L2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * tl.exp2(tl.minimum(b_ref - bg2, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg2 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        L2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e2 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S2_2 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q2 * d_up, 0.), tl.trans(a_dn)), 0.)
         # -- row block 3
         _b_e3_b = tl.load(p_b + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -294,14 +387,44 @@ def chunk_interaction_kernel(
         af3_2 = b_a2 * tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
         L3_2 += _mm(ef3, tl.trans(af3_2), DT_ID)
         S3_2 += _mm(qf3, tl.trans(af3_2), DT_ID)
-        # diagonal block, token-pairwise: column j gets Σ_d x_td a_jd e^{b_td − b_jd}
-        for j in range(0, BC):
-            sel = o_c == j
-            a_j = tl.sum(tl.where(sel[:, None], b_a3, 0.), 0)
-            g_j = tl.sum(tl.where(sel[:, None], bg3, 0.), 0)
-            a_dec = a_j[None, :] * tl.exp2(tl.minimum(bg3 - g_j[None, :], 0.))
-            L3_3 += tl.where(sel[None, :] & (o_c[:, None] > j), tl.sum(b_e3 * a_dec, 1)[:, None], 0.)
-            S3_3 += tl.where(sel[None, :] & (o_c[:, None] >= j), tl.sum(b_q3 * a_dec, 1)[:, None], 0.)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_a3, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * tl.exp2(tl.minimum(b_ref - bg3, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg3 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        L3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * tl.exp2(tl.minimum(b_ref - bg3, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg3 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        L3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * tl.exp2(tl.minimum(b_ref - bg3, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg3 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        L3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * tl.exp2(tl.minimum(b_ref - bg3, 0.)), 0.)
+        d_up = tl.exp2(tl.minimum(bg3 - b_ref, 0.))
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        L3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_e3 * d_up, 0.), tl.trans(a_dn)), 0.)
+        S3_3 += tl.where(m_pair, _mm32(tl.where(m_hi[:, None], b_q3 * d_up, 0.), tl.trans(a_dn)), 0.)
     # store the decayed output scores Q ⋆ A (zero above the diagonal)
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S0_0, mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
