@@ -77,15 +77,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     rec = _load(args.spec)
     if args.stage == "plan":
+        from .codegen.chunk import launch_table, supports_chunk
         from .compiler.plan import build_plan, format_plan, plan_to_dot
 
+        chunk_ok, why = supports_chunk(rec.ir)
+        if not chunk_ok:  # the package never runs a chunk plan: say what it runs instead of printing one
+            note = f"{rec.name}: the package runs the recurrent kernels (forward, decode and backward): {why}"
+            quoted = note.replace("\\", "\\\\").replace('"', '\\"')
+            print(f'digraph plan {{\n  label="{quoted}";\n}}' if args.format == "dot" else note)
+            return 0
         plan = build_plan(rec.ir)
         print(plan_to_dot(plan) if args.format == "dot" else format_plan(plan))
         if args.format != "dot":
-            from .codegen.chunk import launch_table, supports_chunk
-
-            if supports_chunk(rec.ir)[0]:
-                print(launch_table(rec.ir))
+            print(launch_table(rec.ir))
     elif args.stage == "source":
         from .codegen.package import render_package
 

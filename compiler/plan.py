@@ -37,7 +37,7 @@ from typing import Any
 import networkx as nx
 import sympy as sp
 
-from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure
+from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
 STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_exact", "curvature_query", "interaction",
                "triangular_solve", "wy", "state_pass", "output")
@@ -572,7 +572,9 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
         raise ValueError(f"chunk_size and sub_chunk must be positive; got {chunk_size}, {sub_chunk}")
     if ir.structure is None:
         raise ValueError(f"{ir.name}: the IR has no Structure; run compiler.ir.analyse first")
-    b = _Builder(ir, chunk_size, sub_chunk)
+    # A spec's channel reductions enter the plan as per-token inputs (no package runs such a plan: the
+    # chunk kernels decline them, codegen/chunk.py: supports_chunk; the plan interpreter does run it).
+    b = _Builder(kernel_ir(ir), chunk_size, sub_chunk)
     for rule in STAGE_RULES:
         rule(b)
     g = nx.DiGraph()
@@ -592,7 +594,8 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     order = ("o", "route", "S", "A", "P", "C", "m", "n")
     outputs = tuple((k, b.outputs[k]) for k in order if k in b.outputs)
     parts, elementwise = _grad_parts(ir)
-    plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts, elementwise)
+    plan = Plan(ir.name, g, plan_inputs(kernel_ir(ir)), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts,
+                elementwise)
     typecheck(plan)
     return plan
 

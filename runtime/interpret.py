@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..compiler.ir import IR, KTILDE, STAT
+from ..compiler.ir import IR, KTILDE, STAT, kernel_ir
 from ..compiler.plan import Plan, Stage
 from .evaluate import evaluate
 from .reference import RecurrenceOutput, build_env, initial_states
@@ -395,7 +395,7 @@ _STATE_INPUTS = {"S": "S0", "A": "A0", "P": "P0", "C": "C0", "m": "m0", "n": "n0
 
 
 def _run_stretch(plan: Plan, ctx: _Ctx, states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    vals: dict[str, Value] = {d.name: ctx.env[d.name] for d in ctx.ir.inputs}
+    vals: dict[str, Value] = {d.name: ctx.env[d.name] for d in kernel_ir(ctx.ir).inputs}
     for name, x in states.items():
         vals[_STATE_INPUTS[name]] = x
     for st in plan.stages():
@@ -423,8 +423,12 @@ def run_plan(plan: Plan, ir: IR, inputs: Mapping[str, torch.Tensor], *,
         initial_state = {n: t.detach().to("cpu", DTYPE) for n, t in initial_state.items()}
     states = initial_states(ir, dims, N, initial_state, DTYPE, torch.device("cpu"))
     states = {n: s.to(DTYPE) for n, s in states.items()}
-    # l2norm is a plan stage, so the environment binds the raw inputs.
-    env = build_env(replace(ir, normalize=()), x, dims, DTYPE)
+    # l2norm is a plan stage, so the environment binds the raw inputs; the spec's channel reductions are
+    # per-token values the plan reads as inputs (compiler.ir.kernel_ir), computed as the reference does.
+    env = build_env(replace(ir, normalize=(), reductions=()), x, dims, DTYPE)
+    if ir.reductions:
+        full = build_env(ir, x, dims, DTYPE)
+        env.update({r.name: full[r.name] for r in ir.reductions})
     C = plan.chunk_size
 
     def ctx_for(sub_env: dict[str, torch.Tensor], T: int) -> _Ctx:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dgps.compiler.ir import kernel_ir
 from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
 from dgps.runtime.interpret import decayed_scores, run_plan
@@ -437,7 +438,7 @@ def test_backward_plan(name):
     assert set(bp.saved) == {o.name for o in p.inputs}
     assert "output" not in bp.recomputed and "state_pass" in bp.recomputed
     grads = [o.name for st in bp.stages for o in st.outputs if o.name.startswith("grad_")]
-    assert sorted(grads) == sorted(f"grad_{d.name}" for d in ir.inputs)  # each gradient from exactly one stage
+    assert sorted(grads) == sorted(f"grad_{d.name}" for d in kernel_ir(ir).inputs)  # each gradient from exactly one stage
     fused = [o.name for o in bp.stages[2].outputs if o.name.startswith("grad_")]
     assert fused == [f"grad_{n}" for n in p.elementwise_grads]
     assert all(ir.input(n).vector and n not in ir.normalize for n in p.elementwise_grads)

@@ -312,22 +312,6 @@ def test_retnet(float64_naive, seed):
     assert_close(ours.o, o.transpose(1, 2), "o")
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_rwkv7_dplr(float64_naive, seed):
-    rec = load("rwkv7_dplr")
-    x = rec.random_inputs(B, T, H, DK, DV, seed=seed)
-    S0 = state0(B, H, DK, DV, seed)
-    # dplr_recurrence hard-codes scale K^-1/2 where the spec says `scale 1.0`: override ours
-    ours = rec.reference(**x, initial_state=S0, output_final_state=True, scale=DK ** -0.5)
-    khat = x["kappa"] / torch.sqrt(x["kappa"] ** 2 + 1e-6)
-    # h_t = h_{t-1}·exp(gk) + k vᵀ + β (αᵀ h_{t-1}): the erase reads the undecayed state; head-first layout
-    hf = [t.transpose(1, 2).contiguous() for t in (x["q"], x["k"], x["v"], -khat, khat * x["iclr"], x["w"])]
-    o, S = float64_naive(_naive("generalized_delta_rule/dplr"), "dplr_recurrence", *hf,
-                         initial_state=S0.clone(), output_final_state=True)
-    assert_close(ours.o, o.transpose(1, 2), "o")
-    assert_close(ours.final_state["S"], S, "S")
-
-
 def test_pdn_is_pgdn_without_decay(float64_naive):
     """PDN (no decay) against FLA's naive PGDN with g = 0."""
     rec = load("pdn", normalize_eps=1e-30)
@@ -355,4 +339,42 @@ def test_mamba2_is_simple_gla_with_dt(float64_naive):
     o, S = float64_naive(_naive("simple_gla"), "naive_recurrent_simple_gla", x["q"], x["k"] * dt.unsqueeze(-1), x["v"],
                          g, scale=1.0, initial_state=S0.clone(), output_final_state=True)
     assert_close(ours.o, o, "o")
+    assert_close(ours.final_state["S"], S, "S")
+
+
+def _rwkv7_naive_args(x: dict[str, torch.Tensor], eps: float | None) -> tuple[torch.Tensor, ...]:
+    """FLA's dplr_recurrence arguments for our RWKV-7 inputs: [B, H, T, D] layout, alpha = a = −κ̂ (the erase
+    read), beta = b = κ̂ ⊙ ι (where it writes), gk = w (log decay). κ̂ is formed here, outside the spec:
+    with `eps` as x/√(Σx² + eps) (the spec's l2norm), with None as RWKV-7's F.normalize (x / ‖x‖)."""
+    kappa = x["kappa"]
+    if eps is None:
+        khat = torch.nn.functional.normalize(kappa, dim=-1)
+    else:
+        khat = kappa / torch.sqrt((kappa * kappa).sum(-1, keepdim=True) + eps)
+    # contiguous: given transposed views, the naive's output buffer (zeros_like(v)) comes back scrambled
+    return tuple(t.transpose(1, 2).contiguous() for t in (x["q"], x["k"], x["v"], -khat, khat * x["iclr"], x["w"]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("variant", ["spec", "F.normalize"])
+def test_rwkv7(float64_naive, seed, variant):
+    """RWKV-7 (specs/rwkv7_dplr.dgps) against FLA's naive generalized-delta-rule recurrence
+    (fla/ops/generalized_delta_rule/dplr/naive.py: dplr_recurrence), the same inputs in float64.
+
+    dplr_recurrence computes S ← S·exp(gk) + β (αᵀ S) + k vᵀ (S = [dk, dv], the erase reads the undecayed
+    state, as FLA's fused RWKV-7 kernel with a = −kk, b = kk·a) and hard-codes the read scale dk^-1/2, which
+    we pass as `scale` (the spec's own is 1.0, RWKV-7's r is unscaled). The 'F.normalize' variant checks the
+    removal key against RWKV-7's own normalisation, with the spec's eps set to 1e-30 (see `load`)."""
+    text = (SPECS / "rwkv7_dplr.dgps").read_text()
+    if variant == "F.normalize":
+        assert "l2norm(kappa)" in text
+        text = text.replace("l2norm(kappa)", "l2norm(kappa, 1e-30)")
+    rec = dgps.load(text, filename="rwkv7_dplr.dgps")
+    x = rec.random_inputs(B, T, H, DK, DV, seed=seed)
+    S0 = state0(B, H, DK, DV, seed)
+    ours = rec.reference(**x, initial_state=S0, output_final_state=True, scale=DK ** -0.5)
+    q, k, v, alpha, beta, gk = _rwkv7_naive_args(x, 1e-6 if variant == "spec" else None)
+    o, S = float64_naive(_naive("generalized_delta_rule/dplr"), "dplr_recurrence", q, k, v, alpha, beta, gk,
+                         initial_state=S0.clone(), output_final_state=True)
+    assert_close(ours.o, o.transpose(1, 2), "o")
     assert_close(ours.final_state["S"], S, "S")

@@ -9,12 +9,13 @@
         input kappa      key_channel    free      [B, T, HV, dk]
         input iclr       key_channel    unit      [B, T, HV, dk]
       normalize: - (eps=1e-06)
+      reduction: l2norm_0 = l2norm(kappa, eps=1e-06)  over key channels
       scale: 1.0
       decay: vector  log D = w
       precond: none
       solve: dplr (family dplr; erase reads undecayed state)
-        e = -kappa/sqrt(kappa**2 + 1.0e-6)
-        f = iclr*kappa/sqrt(kappa**2 + 1.0e-6)
+        e = -l2norm_0
+        f = iclr*l2norm_0
         v' = v
         w = k
       read: plain
@@ -38,6 +39,7 @@ from dgps.compiler import ir as _ir
 from dgps.runtime.reference import initial_states, state_shapes
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 from dgps.runtime import announce_interpreter
+from dgps.runtime.reductions import derived_input_grads, derived_inputs, kernel_ir
 
 announce_interpreter()
 IR = _ir.IR(
@@ -97,18 +99,27 @@ IR = _ir.IR(
     target=_sp.Symbol('v', real=True),
     write_key=_sp.Symbol('k', real=True),
     erase_key=None,
-    e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2))),
-    f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2))),
+    e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('l2norm_0', real=True)),
+    f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('l2norm_0', real=True)),
     erase_reads='undecayed'),
     read=_ir.ReadCorrection(
     kind='none',
     lam=None,
     centered=True),
     route='none',
-    lets=(('khat', _sp.Mul(_sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2)))),))
+    lets=(('khat', _sp.Symbol('l2norm_0', real=True)),),
+    reductions=(_ir.Reduction(
+    name='l2norm_0',
+    op='l2norm',
+    arg=_sp.Symbol('kappa', real=True),
+    side='key',
+    eps=1e-06),))
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
+# The spec's channel reductions reach the kernel as derived per-token inputs, computed by the wrapper
+# (dgps.runtime.reductions); KERNEL_IR declares them.
+KERNEL_IR = kernel_ir(IR)
 
-INPUT_NAMES = ["q", "k", "v", "w", "kappa", "iclr"]
+INPUT_NAMES = ["q", "k", "v", "w", "kappa", "iclr", "l2norm_0"]
 STATE_NAMES = ["S"]
 GRAD_STATES = ["S"]
 ROUTE = "none"
@@ -129,6 +140,7 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     in_w,
     in_kappa,
     in_iclr,
+    in_l2norm_0,
     do,
     dr,
     h0_S,
@@ -139,6 +151,7 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     dx_w,
     dx_kappa,
     dx_iclr,
+    dx_l2norm_0,
     dh0_S,
     ck_S,
     sg_S,
@@ -201,6 +214,8 @@ def rwkv7_dplr_recurrent_bwd_kernel(
     pg_kappa = dx_kappa + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
     pb_iclr = in_iclr + i_hv * DK + o_k
     pg_iclr = dx_iclr + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
+    pb_l2norm_0 = in_l2norm_0 + i_hv * DK + o_k
+    pg_l2norm_0 = dx_l2norm_0 + (i_v.to(tl.int64) * TT * HV + i_hv) * DK + o_k
     pb_do = do + i_hv * DV + o_v
     pb_dr = dr + i_hv * DV + o_v
 
@@ -222,11 +237,11 @@ def rwkv7_dplr_recurrent_bwd_kernel(
             b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
             b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
             b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
-            b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
             b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+            b_l2norm_0 = tl.load(pb_l2norm_0 + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
             d_kt = b_k
-            v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
-            v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
+            v_e = (-1.0 * b_l2norm_0)
+            v_f = (b_l2norm_0 * b_iclr)
             v_vp = b_v
             v_w = b_k
             h_prev = st_h
@@ -259,11 +274,11 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     b_k = tl.load(pb_k + ot_HDK, mask=m_k, other=0.0).to(tl.float32)
                     b_v = tl.load(pb_v + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
                     b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
-                    b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_l2norm_0 = tl.load(pb_l2norm_0 + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     d_kt = b_k
-                    v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
-                    v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
+                    v_e = (-1.0 * b_l2norm_0)
+                    v_f = (b_l2norm_0 * b_iclr)
                     v_vp = b_v
                     v_w = b_k
                     h_prev = st_h
@@ -291,9 +306,10 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     b_w = tl.load(pb_w + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     b_kappa = tl.load(pb_kappa + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     b_iclr = tl.load(pb_iclr + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
+                    b_l2norm_0 = tl.load(pb_l2norm_0 + ot_HVDK, mask=m_k, other=0.0).to(tl.float32)
                     d_kt = b_k
-                    v_e = (-1.0 * b_kappa * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
-                    v_f = (b_kappa * b_iclr * (1.0 / (tl.sqrt((1e-06 + (b_kappa * b_kappa))))))
+                    v_e = (-1.0 * b_l2norm_0)
+                    v_f = (b_l2norm_0 * b_iclr)
                     v_vp = b_v
                     v_w = b_k
                     h_prev = st_h
@@ -309,9 +325,6 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     b_do = tl.load(pb_do + ot_HVDV, mask=m_v, other=0.0).to(tl.float32)
                     dq_acc = z_k
                     dk_acc = z_k
-                    # subexpressions shared by the derivatives below
-                    cse_0 = (1e-06 + (b_kappa * b_kappa))
-                    cse_1 = (1e-06 * (1.0 / (tl.sqrt(cse_0) * tl.sqrt(cse_0) * tl.sqrt(cse_0))))
                     # read: o = scale · h_tᵀ q'
                     a_qp = tl.reduce(st_h * b_do[None, :], 1, _add) * scale
                     dh = dh + (d_qp * scale)[:, None] * b_do[None, :]
@@ -336,14 +349,16 @@ def rwkv7_dplr_recurrent_bwd_kernel(
                     g_k = a_w + dk_acc
                     g_v = a_vp
                     g_w = a_lg
-                    g_kappa = (-1.0 * cse_1) * a_e + (cse_1 * b_iclr) * a_f
-                    g_iclr = (b_kappa * (1.0 / (tl.sqrt(cse_0)))) * a_f
+                    g_kappa = z_k
+                    g_iclr = b_l2norm_0 * a_f
+                    g_l2norm_0 = -1.0 * a_e + b_iclr * a_f
                     tl.store(pg_q + ot_HVDK, g_q, mask=m_k)
                     tl.store(pg_k + ot_HVDK, g_k, mask=m_k)
                     tl.store(pg_v + ot_HVDV, g_v, mask=m_v)
                     tl.store(pg_w + ot_HVDK, g_w, mask=m_k)
                     tl.store(pg_kappa + ot_HVDK, g_kappa, mask=m_k)
                     tl.store(pg_iclr + ot_HVDK, g_iclr, mask=m_k)
+                    tl.store(pg_l2norm_0 + ot_HVDK, g_l2norm_0, mask=m_k)
             tl.debug_barrier()
 
     # gradients of the initial states and the params
@@ -358,6 +373,7 @@ _SHAPES = {
     "w": "k",
     "kappa": "k",
     "iclr": "k",
+    "l2norm_0": "k",
 }
 
 
@@ -386,6 +402,7 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
     Returns (gradients of every input and param, gradients of every initial state except n).
     """
     x, dims = check_inputs(IR, inputs)
+    x.update(derived_inputs(IR, x, dims))  # sum / l2norm over channels, fp32
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
     if DK > MAX_DK:
@@ -437,7 +454,7 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
 
     dx = {}
     for n_ in INPUT_NAMES:
-        d_ = IR.input(n_)
+        d_ = KERNEL_IR.input(n_)
         sh = _SHAPES[n_]
         last = {"k": (DK,), "v": (DV,), "s": ()}[sh]
         if d_.is_param:
@@ -486,7 +503,7 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
 
     grads = {}
     for n_ in INPUT_NAMES:
-        d_ = IR.input(n_)
+        d_ = KERNEL_IR.input(n_)
         sh = _SHAPES[n_]
         g_ = dx[n_]
         if sh != "v":
@@ -510,4 +527,9 @@ def recurrent_backward(inputs, *, initial_state=None, do, d_final_state=None, d_
         dstates[n_] = g_
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n_: g_.to(initial_state[n_].dtype) if n_ in initial_state else g_ for n_, g_ in dstates.items()}
+    # through the reductions: their explicit adjoints, then their elementwise arguments
+    d_derived = {r_.name: grads.pop(r_.name) for r_ in IR.reductions}
+    spec_x = {d_.name: x[d_.name] for d_ in IR.inputs}
+    for n_, g_ in derived_input_grads(IR, spec_x, dims, d_derived).items():
+        grads[n_] = (grads[n_].float() + g_).to(x[n_].dtype)
     return grads, dstates

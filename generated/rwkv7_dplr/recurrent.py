@@ -9,12 +9,13 @@
         input kappa      key_channel    free      [B, T, HV, dk]
         input iclr       key_channel    unit      [B, T, HV, dk]
       normalize: - (eps=1e-06)
+      reduction: l2norm_0 = l2norm(kappa, eps=1e-06)  over key channels
       scale: 1.0
       decay: vector  log D = w
       precond: none
       solve: dplr (family dplr; erase reads undecayed state)
-        e = -kappa/sqrt(kappa**2 + 1.0e-6)
-        f = iclr*kappa/sqrt(kappa**2 + 1.0e-6)
+        e = -l2norm_0
+        f = iclr*l2norm_0
         v' = v
         w = k
       read: plain
@@ -38,6 +39,7 @@ from dgps.compiler import ir as _ir
 from dgps.runtime.reference import RecurrenceOutput, initial_states, state_shapes
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 from dgps.runtime import announce_interpreter
+from dgps.runtime.reductions import derived_inputs, kernel_ir
 
 announce_interpreter()
 IR = _ir.IR(
@@ -62,22 +64,21 @@ IR = _ir.IR(
         target=_sp.Symbol('v', real=True),
         write_key=_sp.Symbol('k', real=True),
         erase_key=None,
-        e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2))),
-        f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2))),
+        e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('l2norm_0', real=True)),
+        f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('l2norm_0', real=True)),
         erase_reads='undecayed',
     ),
     read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
-    lets=(
-        (
-            'khat',
-            _sp.Mul(_sp.Symbol('kappa', real=True), _sp.Pow(_sp.Add(_sp.Pow(_sp.Symbol('kappa', real=True), _sp.Integer(2)), _sp.Float('9.9999999999999995e-7', precision=53)), _sp.Rational(-1, 2))),
-        ),
-    ),
+    lets=(('khat', _sp.Symbol('l2norm_0', real=True)),),
+    reductions=(_ir.Reduction(name='l2norm_0', op='l2norm', arg=_sp.Symbol('kappa', real=True), side='key', eps=1e-06),),
 )
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
+# The spec's channel reductions reach the kernel as derived per-token inputs, computed by the wrapper
+# (dgps.runtime.reductions); KERNEL_IR declares them.
+KERNEL_IR = kernel_ir(IR)
 
-INPUT_NAMES = ('q', 'k', 'v', 'w', 'kappa', 'iclr')
+INPUT_NAMES = ('q', 'k', 'v', 'w', 'kappa', 'iclr', 'l2norm_0')
 STATE_NAMES = ('S',)
 ROUTE = 'none'
 MAX_DK = 256
@@ -101,6 +102,7 @@ def rwkv7_dplr_recurrent_fwd_kernel(
     in_w,
     in_kappa,
     in_iclr,
+    in_l2norm_0,
     o,
     h0_S,
     ht_S,
@@ -149,12 +151,11 @@ def rwkv7_dplr_recurrent_fwd_kernel(
             b_k = tl.load(in_k + (t * H + i_h) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_v = tl.load(in_v + (t * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
             b_w = tl.load(in_w + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_kappa = tl.load(in_kappa + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_iclr = tl.load(in_iclr + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+            b_l2norm_0 = tl.load(in_l2norm_0 + (t * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
             # solve `dplr` (dplr)
-            t_0 = (b_kappa * (1.0 / tl.sqrt((1e-06 + (b_kappa * b_kappa)))))
-            d_e = tl.where(m_k, (-1.0 * t_0), 0.0)
-            d_f = tl.where(m_k, (t_0 * b_iclr), 0.0)
+            d_e = tl.where(m_k, (-1.0 * b_l2norm_0), 0.0)
+            d_f = tl.where(m_k, (b_l2norm_0 * b_iclr), 0.0)
             d_Xe = tl.reduce(st_h * d_e[:, None], 0, _add)  # the erase reads the undecayed state S_(t-1)
             d_alpha = tl.where(m_k, tl.exp(b_w), 0.0)
             st_h = st_h * d_alpha[:, None]  # decay (vector)
@@ -188,6 +189,7 @@ def recurrent_forward(inputs, *, initial_state=None, output_final_state=False, c
     output_final_state, route output or None).
     """
     x, dims = check_inputs(IR, inputs)
+    x.update(derived_inputs(IR, x, dims))  # sum / l2norm over channels, fp32
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
     if DK > MAX_DK:

@@ -1,0 +1,213 @@
+"""Recurrence `longhorn`, compiled by dgps 0.1.0 from spec.dgps. Generated: do not edit.
+
+    dgps.generated.longhorn.forward(...)    the forward pass (recurrent kernels), FLA layout [B, T, heads, channel]
+    dgps.generated.longhorn.decode(...)     single/few-step recurrent kernel that updates the states in place
+    dgps.generated.longhorn.reference(...)  the float64-capable sequential reference derived from the same spec
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+import dgps
+from dgps.runtime.reference import RecurrenceOutput, initial_states
+from dgps.runtime.reference import reference as _reference
+from dgps.runtime.tensors import check_cu_seqlens, check_inputs
+
+from . import backward, recurrent
+
+_HERE = Path(__file__).resolve().parent
+SPEC_TEXT = (_HERE / "spec.dgps").read_text()
+METADATA = json.loads((_HERE / "metadata.json").read_text())
+IR = recurrent.IR  # the lowered IR, embedded once (recurrent.py): importing the package parses nothing
+
+
+def __getattr__(name: str):  # noqa: ANN202 - the module's lazy attributes
+    if name == "RECURRENCE":  # the checked spec (AST and IR), parsed on first use
+        globals()["RECURRENCE"] = dgps.load(SPEC_TEXT, filename="longhorn/spec.dgps")
+        return globals()["RECURRENCE"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+INPUTS = ('q', 'k', 'v', 'beta')
+STATES = ('S',)
+ROUTE = "none"
+
+
+
+def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    return {"q": q, "k": k, "v": v, "beta": beta}
+
+
+def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
+                 scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
+    """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
+    # No chunk form emitted: channel reduction (sum(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
+    return recurrent.recurrent_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+                                       scale=scale), []
+
+
+# The forward and backward kernels are registered as custom ops, so autograd and
+# torch.compile(fullgraph=True) see one opaque node each, with shape-only fake implementations.
+_LIB = "dgps_" + re.sub(r"\W", "_", __name__)
+
+
+@torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state_S: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+    keep: bool,
+) -> list[torch.Tensor]:
+    out, kept = _run_forward({"q": q, "k": k, "v": v, "beta": beta}, {"S": state_S}, cu_seqlens, scale, keep)
+    outs = [out.o] + [out.final_state[s] for s in STATES]
+    if ROUTE != "none":
+        route = out.route
+        outs.append(route.clone() if route.data_ptr() in {t.data_ptr() for t in (q, k, v, beta, state_S)} else route)
+    return outs + kept
+
+
+@_forward_op.register_fake
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state_S: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+    keep: bool,
+) -> list[torch.Tensor]:
+    outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S,)]
+    if ROUTE != "none":
+        outs.append(q.new_empty(v.shape))
+    return outs
+
+
+@torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state_S: torch.Tensor,
+    grads: list[torch.Tensor],
+    kept: list[torch.Tensor],
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+) -> list[torch.Tensor]:
+    do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
+    d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
+    # No chunked backward emitted: channel reduction (sum(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
+    g_in, g_state = backward.recurrent_backward(
+        {"q": q, "k": k, "v": v, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
+        cu_seqlens=cu_seqlens, scale=scale,
+
+    )
+    return [g_in[n] for n in INPUTS] + [g_state[s] if s in g_state else torch.zeros_like(t)
+                                        for s, t in zip(STATES, (state_S,), strict=True)]
+
+
+@_backward_op.register_fake
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state_S: torch.Tensor,
+    grads: list[torch.Tensor],
+    kept: list[torch.Tensor],
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in (q, k, v, beta, state_S)]
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
+    *tensors, cu_seqlens, scale, keep = inputs
+    n_out = 1 + len(STATES) + (ROUTE != "none")
+    kept = list(output[n_out:])  # the per-token buffers the forward kept for the chunked backward
+    ctx.mark_non_differentiable(*kept)
+    ctx.save_for_backward(*tensors, *kept)
+    ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
+
+
+def _backward(ctx, grads):  # noqa: ANN001, ANN202 - torch.library's signature
+    saved = ctx.saved_tensors
+    tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+    likes = _output_likes(tensors)
+    grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:len(likes)], likes, strict=True)]
+    out = _backward_op(*tensors, grads, kept, ctx.cu_seqlens, ctx.scale)
+    return (*out, None, None, None)
+
+
+def _output_likes(tensors) -> list[torch.Tensor]:  # noqa: ANN001
+    q, v = tensors[0], tensors[2]
+    states = tensors[len(INPUTS):]
+    outs = [q.new_empty(v.shape)] + list(states)
+    if ROUTE != "none":
+        outs.append(q.new_empty(v.shape))
+    return outs
+
+
+torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | dict[str, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> RecurrenceOutput:
+    """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
+
+    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
+    """
+    x, dims = check_inputs(IR, _inputs(q, k, v, beta))
+    if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise dgps.TensorError(f"longhorn.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
+                               "(cast the inputs, or use reference(...) for float64)")
+    ranges = check_cu_seqlens(cu_seqlens, dims)
+    states = initial_states(IR, dims, len(ranges) if ranges else dims.B, initial_state, torch.float32, x["q"].device)
+    states = {n: s.float() for n, s in states.items()}
+    if scale is None:
+        scale = IR.scale if IR.scale is not None else dims.dk ** -0.5
+    tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
+    # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
+    keep = False and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    try:
+        outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+    except (RuntimeError, ValueError):
+        # Triton's own failure for CPU tensors without the interpreter ("0 active drivers", "cpu tensor?")
+        if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise dgps.TensorError(f"longhorn.forward: the inputs are on the CPU and Triton's interpreter is off; "
+                                   "move them to the GPU, or set TRITON_INTERPRET=1 before importing dgps") from None
+        raise
+    final = dict(zip(STATES, outs[1:1 + len(STATES)], strict=True)) if output_final_state else None
+    return RecurrenceOutput(outs[0], final, outs[1 + len(STATES)] if ROUTE != "none" else None)
+
+
+def decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    *,
+    state: dict[str, torch.Tensor],
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> RecurrenceOutput:
+    """Advance `state` (every entry of STATES, updated in place) by the given tokens."""
+    missing = [s for s in STATES if s not in state]
+    if missing:
+        raise dgps.TensorError(f"longhorn.decode: state is missing {missing}; it carries {list(STATES)}")
+    return recurrent.recurrent_forward(
+        _inputs(q, k, v, beta), initial_state=state, output_final_state=True, cu_seqlens=cu_seqlens, scale=scale,
+        inplace=True,
+    )
+
+
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | dict[str, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+    dtype: torch.dtype | None = None,
+) -> RecurrenceOutput:
+    """The sequential reference (token by token, autograd) in `dtype` (default: q's dtype)."""
+    inputs = {k: x for k, x in _inputs(q, k, v, beta).items() if x is not None}
+    return _reference(IR, inputs, initial_state=initial_state, output_final_state=output_final_state,
+                      cu_seqlens=cu_seqlens, scale=scale, dtype=dtype)
+
