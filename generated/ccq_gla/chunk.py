@@ -30,6 +30,7 @@ import triton.language as tl
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
+from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled
 from dgps.runtime.reference import RecurrenceOutput, initial_states
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
@@ -1225,6 +1226,7 @@ class _Run:
                       scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg)
+        launches = []
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
@@ -1242,8 +1244,14 @@ class _Run:
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
             values.update(BK=BK, BV=BV)
-            kernel[grid](**{a: values[a] for a in _KERNEL_ARGS[kernel.__name__]}, num_warps=num_warps,
-                         num_stages=num_stages)
+            launches.append((kernel, grid, dict({a: values[a] for a in _KERNEL_ARGS[kernel.__name__]},
+                                                num_warps=num_warps, num_stages=num_stages)))
+        if not self.interpret and parallel_compile_enabled():
+            # a cold first call: compile the whole launch list at once (runtime/warmup.py)
+            compile_in_parallel(launches, (tuple(k[1].__name__ for k in kernels), H, HV, DK, DV, self.dt_id,
+                                           self.keep, self.store_final, self.nkp, self.nkg))
+        for kernel, grid, kwargs in launches:
+            kernel[grid](**kwargs)
 
 
 def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
