@@ -62,6 +62,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # one program per chunk, head and 64 key channels. H200, gdn dk = dv = 128 (benchmarks/tune.py, run 9):
         # BK 64 / BV 64 / 8 warps 1.10 ms, BK 128 (full width) / BV 64 1.20, BK 64 / BV 32 1.28 (run 6's full
         # width, before the epilogue stored each adjoint as soon as it was final: 1.61)
+        if decay == "vector":
+            # per-channel decay holds more [BT, BK] tiles (the gates, their factors, the per-channel db): 32 key
+            # channels per program (compile report, kda dk = 128: 752 B spill; 64 channels 2816 B); not yet timed
+            return min(32, BK), bv_full, 8 if BK >= 64 else 4, 1
         return bk_block, bv_full, 8 if BK >= 64 else 4, 1
     if name in ("precond_diag", "bwd_precond_diag"):
         # the PDN statistic splits over key-channel blocks. H200, pgdn dk = dv = 128 (benchmarks/tune.py, run 8):
