@@ -752,13 +752,26 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
     kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
     kept = tuple(k for k in kinds if k in KEPT_KINDS)
     recomputed = tuple(k for k in kinds if k not in KEPT_KINDS)
-    read = {r for st in stages for r in st.attr("reads", ())}
-    # what the forward keeps: the kept stages' outputs, but L' where no backward stage reads it back
-    kept_bytes = sum(_bytes_per_token(o) for st in plan.stages() if st.kind in kept for o in st.outputs
-                     if not (st.kind == "interaction" and o.name == "L" and "interaction.L" not in read))
+    kept_bytes = sum(bytes_per_token(o) for _, outs in _kept_outputs(plan, kept, stages) for o in outs)
     bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept, kept_bytes)
     typecheck_backward(plan, bp)
     return bp
+
+
+def _kept_outputs(plan: Plan, kept: tuple[str, ...], stages: tuple[Stage, ...]) -> list[tuple[Stage, tuple[Operand, ...]]]:
+    # the kept stages' outputs, but L' where no backward stage reads it back (bwd_grads re-forms it)
+    read = {r for st in stages for r in st.attr("reads", ())}
+
+    def returned(st: Stage, o: Operand) -> bool:
+        return not (st.kind == "interaction" and o.name == "L" and "interaction.L" not in read)
+
+    return [(st, tuple(o for o in st.outputs if returned(st, o))) for st in plan.stages() if st.kind in kept]
+
+
+def kept_outputs(plan: Plan, bp: BackwardPlan) -> list[tuple[Stage, tuple[Operand, ...]]]:
+    """Per forward stage the backward keeps, the outputs a training forward returns for it (their bytes per token sum
+    to `bp.kept_bytes`)."""
+    return _kept_outputs(plan, bp.kept, bp.stages)
 
 
 # Forward stages whose outputs are per token (size fixed by the input shapes): the forward returns them to
@@ -769,7 +782,7 @@ KEPT_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "interaction", 
 _DIM_AT_REFERENCE = {"dk": 128, "dv": 128, "C": 64}
 
 
-def _bytes_per_token(op: Operand) -> int:
+def bytes_per_token(op: Operand) -> int:
     """Bytes per token and head of a token-level operand at dk = dv = 128 (bf16 for "in", 4 for fp32); 0 for
     per-sequence operands (final states)."""
     d = op.dims

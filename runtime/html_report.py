@@ -26,7 +26,16 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from ..compiler.plan import BackwardPlan, Plan, Stage, _bytes_per_token, build_backward_plan, build_plan, format_plan
+from ..compiler.plan import (
+    BackwardPlan,
+    Plan,
+    Stage,
+    build_backward_plan,
+    build_plan,
+    bytes_per_token,
+    format_plan,
+    kept_outputs,
+)
 from .api import Recurrence
 from .report import KernelReport
 from .verify import Row
@@ -343,7 +352,7 @@ def forward_svg(plan: Plan, backward: BackwardPlan | None, figure_id: str = "for
 def kept_buffers(plan: Plan, backward: BackwardPlan) -> list[tuple[Stage, int]]:
     """(forward stage, bytes per token and head of its outputs at dk = dv = 128) for each stage the backward keeps;
     the bytes sum to `backward.kept_bytes`."""
-    return [(st, sum(_bytes_per_token(o) for o in st.outputs)) for st in plan.stages() if st.kind in backward.kept]
+    return [(st, sum(bytes_per_token(o) for o in outs)) for st, outs in kept_outputs(plan, backward)]
 
 
 def backward_boxes(plan: Plan, backward: BackwardPlan) -> tuple[list[Box], list[Edge]]:
@@ -355,7 +364,8 @@ def backward_boxes(plan: Plan, backward: BackwardPlan) -> tuple[list[Box], list[
     boxes = [Box("given adjoints", "", (", ".join(given),), "io"),
              Box("kept from the forward", "",
                  (f"saved inputs: {', '.join(backward.saved)}",
-                  *(f"{st.name}: {', '.join(st.output_names)} ({n} B)" for st, n in kept),
+                  *(f"{st.name}: {', '.join(o.name for o in outs)} ({n} B)"
+                    for (st, n), (_, outs) in zip(kept, kept_outputs(plan, backward), strict=True)),
                   f"{backward.kept_bytes} B per token and head at dk = dv = 128"),
                  "io", ("kept",))]
     rerun = [st for st in plan.stages() if st.kind in backward.recomputed]
@@ -550,10 +560,11 @@ def plan_section(plan: Plan, backward: BackwardPlan | None, metadata: Mapping[st
                      f"dk = dv = 128, bf16 inputs); recomputes {_esc(', '.join(backward.recomputed) or '-')}.</p>")
         parts.append(f'<div class="figure">{backward_svg(plan, backward)}</div>')
         rows = []
+        kept_by_stage = {st.name: outs for st, outs in kept_outputs(plan, backward)}
         for st in plan.stages():
             if st.kind in backward.kept or st.kind in backward.recomputed:
                 kept = st.kind in backward.kept
-                nbytes = sum(_bytes_per_token(o) for o in st.outputs) if kept else 0
+                nbytes = sum(bytes_per_token(o) for o in kept_by_stage.get(st.name, ())) if kept else 0
                 rows.append([_cell(st.name, "code"), _cell(st.kind, "code"),
                              _cell("kept" if kept else "recomputed"),
                              _cell(", ".join(f"{o.name}: {o.shape} {o.dtype}" for o in st.outputs), "code"),
