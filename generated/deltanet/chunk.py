@@ -115,6 +115,16 @@ def _mm(a, b, DT_ID: tl.constexpr):
 def _mm32(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
+
+@triton.jit
+def _mm_x3(a, b, DT_ID: tl.constexpr):
+    """fp32-accurate tensor-core matmul of fp32 operands (three tf32 passes) for 16-bit inputs; the interpreter,
+    which has no tf32, and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
 # ---- stages interaction + triangular_solve ---------------------------------------------------------------
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward

@@ -121,6 +121,16 @@ def _mm(a, b, DT_ID: tl.constexpr):
 def _mm32(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
+
+@triton.jit
+def _mm_x3(a, b, DT_ID: tl.constexpr):
+    """fp32-accurate tensor-core matmul of fp32 operands (three tf32 passes) for 16-bit inputs; the interpreter,
+    which has no tf32, and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
 # ---- stage l2norm: q, k -> x / sqrt(‖x‖² + 1e-06), once, in the input dtype --------
 # Every later stage (forward and backward) reads the normalised rows from pn_<name> with BK-wide loads,
 # so no kernel needs a full key row only to normalise it.

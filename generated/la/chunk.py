@@ -113,6 +113,16 @@ def _mm(a, b, DT_ID: tl.constexpr):
 def _mm32(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
+
+@triton.jit
+def _mm_x3(a, b, DT_ID: tl.constexpr):
+    """fp32-accurate tensor-core matmul of fp32 operands (three tf32 passes) for 16-bit inputs; the interpreter,
+    which has no tf32, and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
