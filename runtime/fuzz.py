@@ -127,7 +127,7 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
         b.slots.append(f"precond exact(lambda = {draw(st.sampled_from(['1.0', '0.5']))}) on {placement}")
     if solve == "dplr":
         kk = b.input("kappa", "key_channel free")
-        b.lets.append(("khat", f"{kk} / sqrt({kk} * {kk} + 1e-6)"))
+        b.lets.append(("khat", f"l2norm({kk})"))  # RWKV-7's unit removal key: the state stays bounded
         reads = draw(st.sampled_from(["decayed", "undecayed"]))
         b.slots.append(f"solve dplr(e = -khat, f = khat * {draw(_unit(b, 'key'))}, reads = {reads})")
     else:
