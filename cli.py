@@ -217,7 +217,13 @@ def _count(text: str) -> int:
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """--help lists every option's default."""
+    """--help lists every option's default: once (an option whose help already says it keeps its own words), and not
+    for required options or those without one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and ("(default:" in action.help or action.required or action.default is None):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--B", type=_count, default=2, help="verify: batch size")
     r.add_argument("--T", type=_count, default=45, help="verify: tokens per sequence")
     r.add_argument("--H", type=_count, default=2, help="verify: key heads")
-    r.add_argument("--HV", type=_count, default=None, help="verify: value heads, a multiple of H; None means H")
+    r.add_argument("--HV", type=_count, default=None, help="verify: value heads, a multiple of H (default: H)")
     r.add_argument("--dk", type=_count, default=32, help="verify: key head size")
     r.add_argument("--dv", type=_count, default=32, help="verify: value head size")
     r.add_argument("--time-shape", type=_count, nargs=3, default=[4, 4096, 16], metavar=("B", "T", "H"),
@@ -285,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("verify", "report") and args.HV is not None and args.HV % args.H:
         parser.error(f"argument --HV: must be a multiple of --H = {args.H}, got {args.HV}")
-    if args.command == "report" and Path(args.spec).is_dir():
+    if args.command in ("show", "compile", "verify", "report") and Path(args.spec).is_dir():
         parser.error(f"argument spec: {args.spec!r} is a directory; pass a spec file")
     if args.command == "report" and (Path(args.output).suffix == ".dgps" or Path(args.output).is_file()):
         parser.error(f"argument -o/--output: names a directory for index.html, got {args.output!r}")

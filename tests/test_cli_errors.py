@@ -105,6 +105,9 @@ def test_check_in_process_matches(capsys: pytest.CaptureFixture[str]) -> None:
     (["verify", "specs/gdn.dgps", "--B", "two"], "argument --B: expected a positive integer, got 'two'"),
     (["verify", "specs/gdn.dgps", "--HV", "3"], "argument --HV: must be a multiple of --H = 2, got 3"),
     (["fuzz", "--count", "0"], "argument --count: expected a positive integer, got 0"),
+    (["show", "specs"], "argument spec: 'specs' is a directory; pass a spec file"),
+    (["compile", "specs", "-o", "x"], "argument spec: 'specs' is a directory; pass a spec file"),
+    (["verify", "specs"], "argument spec: 'specs' is a directory; pass a spec file"),
     (["fuzz", "--out", "x.dgps"], "argument --out: names a directory for failing specs, got 'x.dgps'"),
     (["compile", "specs/gdn.dgps", "-o", "x", "--report-dims", "-1"],
      "argument --report-dims: expected a positive integer, got -1"),
@@ -143,3 +146,12 @@ def test_verify_reports_progress_on_stderr() -> None:
     assert [s.split("] ", 1)[1] for s in steps] == [
         "float64 reference ...", "forward kernels (chunk) ...", "decode kernel (recurrent, in place) ...",
         "backward kernels (chunk) and float64 autograd ..."]
+
+
+@pytest.mark.parametrize("command", ["check", "show", "compile", "verify", "report", "fuzz"])
+def test_help_states_each_default_once(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out.replace("\n", " ").replace("  ", " ")
+    assert "(default: H) (default" not in out
