@@ -593,9 +593,10 @@ def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
         rest = [d for d in ir.inputs if d.name not in skip]
-        parts = _parts(ir, em)
-        if skip:  # only the adjoints the remaining inputs read (with nothing skipped, every part: the PDN loads chain)
-            parts = [p for p in parts if any(_diff(p.expr, d.name) != 0 for d in rest)]
+        every = _parts(ir, em)
+        # the adjoints the remaining inputs read, and those another part's load reads (the PDN's k̃ reads a_a)
+        parts = [p for p in every if any(_diff(p.expr, d.name) != 0 for d in rest)]
+        parts = [p for p in every if p in parts or any(re.search(rf"\ba_{p.name}\b", q.load) for q in parts)]
         lines: list[str] = []
         if ir.precond.kind == "diag":
             hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")

@@ -611,11 +611,19 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
     parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(s.target))]
     if not ir.structure.additive and s.erase_key is not None:
         parts.append(("dke", reads(s.erase_key)))
-    if ir.precond.kind != "none" or ir.read.kind == "curvature":
-        return tuple(parts), ()  # the statistic's and the curvature read's backward also feed the keys
-    gates = set(reads(ir.decay.log_gate)) | set(reads(s.beta))  # their adjoints are sums over key blocks
+    if ir.precond.kind == "exact":
+        return tuple(parts), ()  # no chunked backward
+    # inputs whose adjoint other stages also feed: gates and gains (sums over key blocks), what the PDN statistic
+    # reads (its reverse pass adds to them), and the curvature read's q (its reverse pass turns the adjoint of q̂
+    # into q's), keys and λ
+    others = set(reads(ir.decay.log_gate)) | set(reads(s.beta))
+    diag = ir.precond.diag
+    if diag is not None:
+        others |= {"k"} | {n for e in (diag.stat, diag.decay, diag.gain, diag.map) for n in reads(e)}
+    if ir.read.kind == "curvature":
+        others |= {"q", "k"} | set(reads(ir.read.lam))
     elementwise = tuple(d.name for d in ir.inputs if d.vector in ("key", "value") and not d.is_param
-                        and d.name not in ir.normalize and d.name not in gates)
+                        and d.name not in ir.normalize and d.name not in others)
     return tuple(parts), elementwise
 
 
@@ -671,11 +679,11 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
 
 
 def stored_adjoints(p: Plan) -> tuple[str, ...]:
-    """The chunk-operand adjoints bwd_grads writes to memory: those an input outside `elementwise_grads` reads."""
-    if not p.elementwise_grads:  # every adjoint (the PDN and CCQ backward stages read them too)
-        return tuple(name for name, _ in p.grad_parts)
+    """The chunk-operand adjoints bwd_grads writes to memory: those an input outside `elementwise_grads` reads, the
+    write key's for the PDN statistic's reverse pass and the query's for the curvature read's."""
     rest = {o.name for o in p.inputs} - set(p.elementwise_grads)
-    return tuple(name for name, reads in p.grad_parts if rest & set(reads))
+    later = ({"dkw"} if p.find("precond_diag") else set()) | ({"dqp"} if p.find("curvature_query") else set())
+    return tuple(name for name, reads in p.grad_parts if rest & set(reads) or name in later)
 
 
 def _bwd_grads(p: Plan) -> Stage | None:

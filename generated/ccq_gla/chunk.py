@@ -860,7 +860,7 @@ def chunk_bwd_state_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, g_buf, qh_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, az_buf, ag_buf, pn_k, cu_seqlens,
+    p_v, g_buf, qh_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, dx_v, pn_k, cu_seqlens,
     chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -885,8 +885,6 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
-    # the value-side adjoint is written once, by the first key block
-    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -905,7 +903,9 @@ def chunk_bwd_grad_kernel(
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
         b_dz = b_du
-        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rz[:, None] & m_v[None, :])
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -1070,13 +1070,13 @@ def chunk_bwd_curvature_query_kernel(
     tl.store(dm0 + (i_n * HV + i_hv) * DK + o_k, b_dmc, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
-#   Parts: q = q; lg = g; z = v; a = k; kc = k; lam = lam
+#   Parts: q = q; lg = g; a = k; kc = k; lam = lam
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, aq_buf, akc_buf, aa_buf, az_buf, ag_buf, alam_buf, dx_q, dx_k, dx_v, dx_g, dx_lam, cu_seqlens,
-    chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_q, p_k, aq_buf, akc_buf, aa_buf, ag_buf, alam_buf, dx_q, dx_k, dx_g, dx_lam, cu_seqlens, chunk_indices,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1097,7 +1097,6 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_lg = tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_z = tl.load(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
     a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_kc = tl.load(akc_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_lam = tl.load(alam_buf + rows * HV + i_hv, mask=m_r, other=0.)
@@ -1118,10 +1117,6 @@ def chunk_bwd_inputs_kernel(
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
     tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d v
-    g_v = tl.zeros([BT, BV], dtype=tl.float32)
-    g_v += a_z
-    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
@@ -1152,9 +1147,9 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'az_buf', 'ag_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'cn_buf', 'mn_buf', 'dc_fin', 'dc0', 'dm_fin', 'dm0', 'aq_buf', 'akc_buf', 'alam_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'akc_buf', 'aa_buf', 'az_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'akc_buf', 'aa_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1439,7 +1434,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "aa_buf", "akc_buf", ):
         bufs[n] = buf(TT * HV * DK)
-    bufs["az_buf"] = buf(TT * HV * DV)
     bufs["ag_buf"] = buf(TT * HV * DK)
     bufs["alam_buf"] = buf(TT * HV)
     bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")

@@ -770,7 +770,7 @@ def chunk_bwd_state_kernel(
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, p_beta, kt_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf,
+    p_v, p_beta, kt_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dx_v,
     pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -801,8 +801,6 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
-    # the value-side adjoint is written once, by the first key block
-    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -825,7 +823,9 @@ def chunk_bwd_grad_kernel(
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
         b_dyz += tl.sum(b_dy * b_z, 1)
         b_dz = b_dy * b_beta[:, None]
-        tl.store(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dz, mask=m_rz[:, None] & m_v[None, :])
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -925,12 +925,12 @@ def chunk_bwd_precond_diag_kernel(
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
-#   Parts: q = q; beta = beta; z = v; e = k; a = ktilde; kt = k*exp(-0.405465108108164*softsign(-mu + log(A + 1.0e-6))); pinc = betaP*k**2; pdec = gP
+#   Parts: q = q; beta = beta; e = k; a = ktilde; kt = k*exp(-0.405465108108164*softsign(-mu + log(A + 1.0e-6))); pinc = betaP*k**2; pdec = gP
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, p_betaP, p_mu, stat_buf, aq_buf, ae_buf, aa_buf, az_buf, abeta_buf, apinc_buf, apdec_buf, dx_q, dx_k,
-    dx_v, dx_beta, dx_gP, dx_betaP, dx_mu, pn_k, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr,
+    p_q, p_k, p_betaP, p_mu, stat_buf, aq_buf, ae_buf, aa_buf, abeta_buf, apinc_buf, apdec_buf, dx_q, dx_k, dx_beta,
+    dx_gP, dx_betaP, dx_mu, pn_k, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr,
     HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
 ):
@@ -956,7 +956,6 @@ def chunk_bwd_inputs_kernel(
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
         a_beta += tl.load(abeta_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
-    a_z = tl.load(az_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
     a_e = tl.load(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     d_wkt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
@@ -988,10 +987,6 @@ def chunk_bwd_inputs_kernel(
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
     tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d v
-    g_v = tl.zeros([BT, BV], dtype=tl.float32)
-    g_v += a_z
-    tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
@@ -1035,9 +1030,9 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('kt_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('kt_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'pn_k', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_betaP', 'p_mu', 'stat_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'az_buf', 'abeta_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_betaP', 'p_mu', 'stat_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1319,7 +1314,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "ae_buf", "aa_buf", ):
         bufs[n] = buf(TT * HV * DK)
-    bufs["az_buf"] = buf(TT * HV * DV)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
     bufs["da_fin"] = fin("A")
     bufs["da0"] = buf(N * HP * DK)
