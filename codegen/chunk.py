@@ -217,26 +217,28 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
             raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
-    kept = [b for k in bplan.kept for b in _kept_buffers(ir, k)]
+    kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
                 bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 fused_grads=_fused_grad_code(ir, em, fused))
 
 
-def _backward_reads_l(ir: IR) -> bool:
-    """Whether bwd_grads reads L' back (per-channel decay, or the residual route's buffer) or re-forms it."""
-    return not ir.structure.additive and (ir.decay.kind == "vector" or ir.route == "residual")
+def backward_reads_l(plan: Plan) -> bool:
+    """Whether a stage of the backward plan reads L' back (the plan decides; bwd_grads re-forms it elsewhere)."""
+    bp = build_backward_plan(plan)
+    return bp is not None and any("interaction.L" in st.attr("reads", ()) for st in bp.stages)
 
 
-def _kept_buffers(ir: IR, kind: str) -> list[str]:
-    """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps)."""
+def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
+    """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps); `reads_l`:
+    the backward reads L' back."""
     vector = ir.decay.kind == "vector"
     return {
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "stat_buf"],
-        "interaction": (["l_buf"] if _backward_reads_l(ir) else []) + (["s_buf"] if vector else []),
+        "interaction": (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
     }.get(kind, [])
@@ -404,7 +406,7 @@ def _context(ir: IR) -> dict:
         erase_key=ek,
         log_gate=ir.decay.log_gate,
         has_beta=s.beta != 1,
-        reads_l=_backward_reads_l(ir),
+        reads_l=backward_reads_l(plan),
         BT=BT,
         BC=BC,
         NC=BT // BC,
@@ -553,13 +555,14 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, 
         return {p: "" for p in out}
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
-        parts = {p.name: p for p in _parts(ir, em) if p.name in _ADJOINT_OF_PART}
+        every = _parts(ir, em)
+        parts = {p.name: p for p in every if p.name in _ADJOINT_OF_PART}
         order = [p for p in _ADJOINT_OF_PART if p in parts]
         for d in ir.inputs:
             if d.name not in fused:
                 continue
             reading = [p for p in order if _diff(parts[p].expr, d.name) != 0]
-            others = [p.name for p in _parts(ir, em) if p.name not in parts and _diff(p.expr, d.name) != 0]
+            others = [p.name for p in every if p.name not in parts and _diff(p.expr, d.name) != 0]
             if others:
                 raise AssertionError(f"{ir.name}: {d.name} also reads {others}; its chain rule is not elementwise")
             g = f"g_{d.name}"

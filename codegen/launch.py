@@ -42,10 +42,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
         # The state's key rows as 64-row tiles (two; BK = dk / 2 past dk = 128), as FLA's blockdim64 kernels
-        # hold them, and BV 64: each program reads W and A for half the value channels, not a quarter. Compile
-        # report (gdn, dk = dv = 128, sm_90): 234 registers, no spill. The earlier full-width [128, BV] tiles at
-        # BV 64 faulted at 3 stages under Triton 3.6 and gave NaN in pgdn's bf16 backward at 2 (benchmarks/NOTES.md,
-        # runs 3-5); the full width at BV 32 took 0.36 ms for two calls (run 9).
+        # hold them, and BV 64. Compile report (gdn, dk = dv = 128, sm_90): 234 registers, no spill. H200 (run 11):
+        # 0.374 ms for two calls, no faster than the full-width [128, 32] tiles (0.367, run 9) and pgdn's bf16
+        # gradients correct; the full-width tiles at BV 64 had faulted at 3 stages under Triton 3.6 and given NaN
+        # in pgdn's bf16 backward at 2 (benchmarks/NOTES.md, runs 3-5).
         return max(bk_block, BK // 2), bv_full, 4, 2
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
@@ -64,7 +64,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # width, before the epilogue stored each adjoint as soon as it was final: 1.61)
         if decay == "vector":
             # per-channel decay holds more [BT, BK] tiles (the gates, their factors, the per-channel db): 32 key
-            # channels per program (compile report, kda dk = 128: 752 B spill; 64 channels 2816 B); not yet timed
+            # channels per program (compile report, kda dk = 128: 1336 B spill with the tf32x3 score pairs; 64
+            # channels 2816 B before them); not yet timed
             return min(32, BK), bv_full, 8 if BK >= 64 else 4, 1
         return bk_block, bv_full, 8 if BK >= 64 else 4, 1
     if name in ("precond_diag", "bwd_precond_diag"):

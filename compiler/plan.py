@@ -116,7 +116,7 @@ class Plan:
     sub_chunk: int
     # The backward's chain rule: per chunk-operand adjoint of bwd_grads (dqp, dkw, dke, dz), the inputs its
     # expression reads; and the inputs whose gradient is elementwise in those adjoints (a key or value input,
-    # not a param, not L2-normalised, not in a gate or gain, and no PDN statistic or curvature read).
+    # not a param, not L2-normalised, and not fed by a gate, a gain, a PDN statistic or a curvature read).
     grad_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     elementwise_grads: tuple[str, ...] = ()
 

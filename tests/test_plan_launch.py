@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.chunk import _kept_buffers, supports_chunk, supports_chunk_backward  # noqa: E402
+from dgps.codegen.chunk import _kept_buffers, backward_reads_l, supports_chunk, supports_chunk_backward  # noqa: E402
 from dgps.compiler.plan import build_backward_plan, build_plan, launch_of  # noqa: E402
 from dgps.runtime.compile import load_chunk  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert set(bp.kept) | set(bp.recomputed) == {k for k in plan.kinds() if k != "output"}
     assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
     out, kept = mod.chunk_forward_train(x)
-    assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in _kept_buffers(ir, k)]
+    assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     assert len(kept) == len(mod._KEPT_BUFFERS)
     do = torch.randn_like(out.o)
     rerun = [_fwd_kernel(h) for h in dict.fromkeys(launch_of(st) for st in plan.stages() if st.kind in bp.recomputed)]
