@@ -55,6 +55,7 @@ import sympy as sp
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl
 from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints
+from .address import ROWS, row_offset
 from .decay import decay_hook
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
@@ -287,6 +288,12 @@ class _Emitter:
         self.ir = ir
         self.kt_heads = "key" if (ir.precond.diag is not None and ir.precond.diag.heads == "key") else "value"
         self.q_override: str | None = None  # CCQ: the output stage reads q̂ from this buffer
+        # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
+        # pass's loop from 769 to 652 SASS instructions (FLA's: 612). In the vector-decay kernels, already at 255
+        # registers, they made sm_90 spill more (kda interaction 96 → 400 B: the hoisted int32 offset tiles stay
+        # live), so that family keeps the absolute `rows` until its kernels are rebuilt.
+        self.lean = ir.decay.kind != "vector"
+        self.rows = ROWS if self.lean else "rows"
 
     def _sym(self, name: str, side: str | None, rows: str, mask: str, tag: str, out: list[str]) -> str:
         var = f"_{tag}_{name}"
@@ -298,13 +305,13 @@ class _Emitter:
             return "b_stat"
         if name == KTILDE.name:
             hp, nh = ("i_h", "H") if self.kt_heads == "key" else ("i_hv", "HV")
-            out.append(f"{var} = tl.load(kt_buf + ({rows}[:, None] * {nh} + {hp}) * DK + o_k[None, :], "
+            out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', 'o_k')}, "
                        f"mask={mask}[:, None] & m_k[None, :], other=0.)")
             return var
         if name == "q__raw":
             name = "q"
         elif name == "q" and self.q_override is not None:
-            out.append(f"{var} = tl.load({self.q_override} + ({rows}[:, None] * HV + i_hv) * DK + o_k[None, :], "
+            out.append(f"{var} = tl.load({self.q_override} + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
                        f"mask={mask}[:, None] & m_k[None, :], other=0.)")
             return var
         d = ir.input(name)
@@ -318,26 +325,34 @@ class _Emitter:
             out.append(f"{var} = tl.load({p} + {hv} * {dim} + {o}, mask={m}, other=0.).to(tl.float32)")
             return f"{var}[None, :]"
         if d.vector is None:
-            out.append(f"{var} = tl.load({p} + {rows} * {nh} + {hv}, mask={mask}, other=0.).to(tl.float32)")
+            out.append(f"{var} = tl.load({p} + {row_offset(rows, nh, hv)}, mask={mask}, other=0.).to(tl.float32)")
             return f"{var}[:, None]" if two_d else var
         dim, o, m = ("DK", "o_k", "m_k") if d.vector == "key" else ("DV", "o_v", "m_v")
         if name in ir.normalize:  # the l2norm stage wrote it once, normalised, in the input dtype
             p = f"pn_{name}"
-        out.append(f"{var} = tl.load({p} + ({rows}[:, None] * {nh} + {hv}) * {dim} + {o}[None, :], "
+        out.append(f"{var} = tl.load({p} + {row_offset(rows, nh, hv, dim, o)}, "
                    f"mask={mask}[:, None] & {m}[None, :], other=0.).to(tl.float32)")
         return var
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
-             indent: int = 4, log2: bool = False, printer: str = "fwd") -> str:
+             indent: int = 4, log2: bool = False, printer: str = "fwd", raw: bool = False) -> str:
         """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
 
-        printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers).
+        printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain
+        input stays in its buffer's dtype (a tile that only feeds a matmul needs no round trip through fp32).
         """
         out: list[str] = []
         names = {}
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
         text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names)
+        if self.lean and not log2 and isinstance(expr, sp.Symbol) and names[expr.name] == f"_{var}_{expr.name}":
+            # a plain input, loaded as a whole tile that the load's mask already zeroes off the valid rows and
+            # channels: no broadcast or select (sm_90 does not fold `0 + x`)
+            if raw:
+                out[-1] = out[-1].removesuffix(".to(tl.float32)")
+            out.append(f"{var} = {text}")
+            return ("\n" + " " * indent).join(out)
         if log2:  # log-gate in log2 units; per-token floor of -64 (a factor 2^-64, i.e. 0 to fp32 precision): -inf stays finite
             text = f"tl.maximum(({text}) * {RCP_LN2!r}, -64.0)"
         if side is None:
@@ -399,6 +414,7 @@ def _context(ir: IR) -> dict:
         ccq=ir.read.kind == "curvature",
         kt_heads=em.kt_heads,
         em=em,
+        off=row_offset,
         ir=ir,
         beta=s.beta,
         target=s.target,
@@ -456,16 +472,17 @@ def _diff(expr: sp.Expr, name: str) -> sp.Expr:
     return sp.together(diff_by_name(expr, name))
 
 
-def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only_if: str = "") -> str:
+def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only_if: str = "",
+         rows: str = ROWS) -> str:
     """Load a token-level adjoint tile; `only_if`: a per-program condition (a scalar: combined through tl.where,
     since Triton 3.9's interpreter rejects a vector mask `&` a scalar)."""
     def mask(m: str) -> str:
         return f"tl.where({only_if}, {m}, False)" if only_if else m
 
     if side is None:
-        return f"tl.load({buf} + rows * {heads} + {head}, mask={mask('m_r')}, other=0.)"
+        return f"tl.load({buf} + {row_offset(rows, heads, head)}, mask={mask('m_r')}, other=0.)"
     dim, o, m = ("DK", "o_k", "m_rk") if side == "key" else ("DV", "o_v", "m_rv")
-    return f"tl.load({buf} + (rows[:, None] * {heads} + {head}) * {dim} + {o}[None, :], mask={mask(m)}, other=0.)"
+    return f"tl.load({buf} + {row_offset(rows, heads, head, dim, o)}, mask={mask(m)}, other=0.)"
 
 
 def _key_partials(var: str, buf: str) -> str:
@@ -497,7 +514,7 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         nh = "H" if em.kt_heads == "key" else "HV"
         first = "i_hv % G == 0" if em.kt_heads == "key" else ""
         dwk = _diff(s.write_key, KTILDE.name)
-        load = (em.tile("d_wkt", dwk, "key", "rows", "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
+        load = (em.tile("d_wkt", dwk, "key", em.rows, "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
         parts.append(_Part("kt", diag.map * k, "key", load))
         inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
         parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first)))
@@ -539,8 +556,7 @@ def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:
         row = "i_c.to(tl.int64) * HV + i_hv"
         ptr = f"dx_{d.name} + " + (f"({row}) * {dim} + {o}" if dim else f"{row}")
     else:
-        ptr = f"dx_{d.name} + " + (f"(rows[:, None] * HV + i_hv) * {dim} + {o}[None, :]" if dim
-                                   else "rows * HV + i_hv")
+        ptr = f"dx_{d.name} + " + (row_offset(ROWS, "HV", "i_hv", dim, o) if dim else row_offset(ROWS, "HV", "i_hv"))
     if m and only_if:
         m = f"tl.where({only_if}, {m}, False)"
     store = f"_cast_for({g}, dx_{d.name}, DT_ID)"  # token-level gradients may be stored in the input dtype
@@ -579,7 +595,7 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, 
                     lines.append(f"{g} += {_ADJOINT_TILE[p]}")
                 else:
                     var = f"d_{d.name}_{p}"
-                    lines.append(em.tile(var, dx, side, "rows", "m_r", "BT", printer="bwd",
+                    lines.append(em.tile(var, dx, side, em.rows, "m_r", "BT", printer="bwd",
                                          indent=8 if p == "z" else 4))
                     lines.append(f"{g} += {var} * {_ADJOINT_TILE[p]}")
                 if i == len(reading) - 1:
@@ -603,7 +619,7 @@ def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[
         lines: list[str] = []
         if ir.precond.kind == "diag":
             hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
-            lines.append(f"b_stat = tl.load(stat_buf + (rows[:, None] * {nh} + {hp}) * DK + o_k[None, :], "
+            lines.append(f"b_stat = tl.load(stat_buf + {row_offset(ROWS, nh, hp, 'DK', 'o_k')}, "
                          "mask=m_rk, other=0.)")
         lines += [p.load for p in parts]
         for d in rest:
@@ -624,13 +640,13 @@ def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[
                     term = f"a_{p.name}"
                 else:
                     var = f"d_{d.name}_{p.name}"
-                    lines.append(em.tile(var, dx, p.side, "rows", "m_r", "BT", printer="bwd"))
+                    lines.append(em.tile(var, dx, p.side, em.rows, "m_r", "BT", printer="bwd"))
                     term = f"{var} * a_{p.name}"
                 lines.append(f"{g} += " + _REDUCE[key].format(t=term))
             if d.name in ir.normalize:  # y = x / sqrt(|x|² + eps): dx = rstd (dy − y (y · dy))
-                lines.append(f"x_{d.name} = tl.load(p_{d.name} + (rows[:, None] * {'H' if d.heads == 'key' else 'HV'} + "
-                             f"{'i_h' if d.heads == 'key' else 'i_hv'}) * DK + o_k[None, :], mask=m_rk, other=0.)"
-                             ".to(tl.float32)")
+                nh, hp = ("H", "i_h") if d.heads == "key" else ("HV", "i_hv")
+                lines.append(f"x_{d.name} = tl.load(p_{d.name} + {row_offset(ROWS, nh, hp, 'DK', 'o_k')}, mask=m_rk, "
+                             "other=0.).to(tl.float32)")
                 lines.append(f"r_{d.name} = tl.rsqrt(tl.sum(x_{d.name} * x_{d.name}, 1) + {ir.norm_eps!r})[:, None]")
                 lines.append(f"y_{d.name} = x_{d.name} * r_{d.name}")
                 lines.append(f"{g} = r_{d.name} * ({g} - y_{d.name} * tl.sum(y_{d.name} * {g}, 1)[:, None])")

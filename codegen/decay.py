@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .address import row_offset
+
 
 @dataclass(frozen=True)
 class Decay:
@@ -62,7 +64,7 @@ class ScalarDecay(Decay):
     kind: str = "scalar"
 
     def load(self, var: str, rows: str, mask: str) -> str:
-        return f"{var} = tl.load(g_buf + {rows} * HV + i_hv, mask={mask}, other=0.)"
+        return f"{var} = tl.load(g_buf + {row_offset(rows, 'HV', 'i_hv')}, mask={mask}, other=0.)"
 
     def load_last(self, var: str = "b_gl", last: str = "last") -> str:
         return f"{var} = tl.load(g_buf + {last} * HV + i_hv)"
@@ -91,7 +93,7 @@ class VectorDecay(Decay):
     kind: str = "vector"
 
     def load(self, var: str, rows: str, mask: str) -> str:
-        return (f"{var} = tl.load(g_buf + ({rows}[:, None] * HV + i_hv) * DK + o_k[None, :], "
+        return (f"{var} = tl.load(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
                 f"mask={mask}[:, None] & m_k[None, :], other=0.)")
 
     def load_last(self, var: str = "b_gl", last: str = "last") -> str:

@@ -170,10 +170,10 @@ def chunk_cumsum_kernel(
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m_r = rows < eos
-    _b_g_g = tl.load(p_g + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    _b_g_g = tl.load(p_g + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_g_g) * 1.4426950408889634, -64.0), 0.)
     b_g = tl.cumsum(b_g, axis=0)
-    tl.store(g_buf + rows * HV + i_hv, b_g, mask=m_r)
+    tl.store(g_buf + t0 * HV + ((o_t) * HV + i_hv), b_g, mask=m_r)
 
 # ---- stages interaction + triangular_solve ---------------------------------------------------------------
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
@@ -201,20 +201,20 @@ def chunk_interaction_kernel(
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
     _beta0_beta = tl.load(p_beta + rb0 * HV + i_hv, mask=mb0, other=0.).to(tl.float32)
-    beta0 = tl.where(mb0, tl.zeros([BC], dtype=tl.float32) + _beta0_beta, 0.)
+    beta0 = _beta0_beta
     bg0 = tl.load(g_buf + rb0 * HV + i_hv, mask=mb0, other=0.)
     L0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     rb1 = t0 + 16 + o_c
     mb1 = rb1 < eos
     _beta1_beta = tl.load(p_beta + rb1 * HV + i_hv, mask=mb1, other=0.).to(tl.float32)
-    beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + _beta1_beta, 0.)
+    beta1 = _beta1_beta
     bg1 = tl.load(g_buf + rb1 * HV + i_hv, mask=mb1, other=0.)
     L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
     rb2 = t0 + 32 + o_c
     mb2 = rb2 < eos
     _beta2_beta = tl.load(p_beta + rb2 * HV + i_hv, mask=mb2, other=0.).to(tl.float32)
-    beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + _beta2_beta, 0.)
+    beta2 = _beta2_beta
     bg2 = tl.load(g_buf + rb2 * HV + i_hv, mask=mb2, other=0.)
     L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -222,7 +222,7 @@ def chunk_interaction_kernel(
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
     _beta3_beta = tl.load(p_beta + rb3 * HV + i_hv, mask=mb3, other=0.).to(tl.float32)
-    beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + _beta3_beta, 0.)
+    beta3 = _beta3_beta
     bg3 = tl.load(g_buf + rb3 * HV + i_hv, mask=mb3, other=0.)
     L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -234,25 +234,25 @@ def chunk_interaction_kernel(
         m_k = o_k < DK
         # -- row block 0
         _b_e0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
+        b_e0 = _b_e0_k
         b_a0 = b_e0  # tied keys: the erase key is the write key
         L0_0 += _mm(b_e0, tl.trans(b_a0), DT_ID)
         # -- row block 1
         _b_e1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
+        b_e1 = _b_e1_k
         b_a1 = b_e1  # tied keys: the erase key is the write key
         L1_0 += _mm(b_e1, tl.trans(b_a0), DT_ID)
         L1_1 += _mm(b_e1, tl.trans(b_a1), DT_ID)
         # -- row block 2
         _b_e2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
+        b_e2 = _b_e2_k
         b_a2 = b_e2  # tied keys: the erase key is the write key
         L2_0 += _mm(b_e2, tl.trans(b_a0), DT_ID)
         L2_1 += _mm(b_e2, tl.trans(b_a1), DT_ID)
         L2_2 += _mm(b_e2, tl.trans(b_a2), DT_ID)
         # -- row block 3
         _b_e3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
+        b_e3 = _b_e3_k
         b_a3 = b_e3  # tied keys: the erase key is the write key
         L3_0 += _mm(b_e3, tl.trans(b_a0), DT_ID)
         L3_1 += _mm(b_e3, tl.trans(b_a1), DT_ID)
@@ -349,27 +349,27 @@ def chunk_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m_r = rows < eos
-    b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    b_beta = _b_beta_beta
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_eg = b_beta * tl.exp2(b_g)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
+        _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = _b_e_k
         b_e = b_e * b_eg[:, None]
         b_w = _mm(b_T, b_e, DT_ID)
-        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+        tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = _b_z_v
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
-        tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
+        tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
@@ -407,9 +407,10 @@ def chunk_state_pass_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = 0
         while i_tc < n_tc:
+            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             o_k = o_kb
@@ -423,36 +424,38 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_u -= _mm(b_w, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_u -= _mm(b_w, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            b_u -= b_wh
+            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = _b_a_k
             b_h0 = b_h0 * tl.exp2(b_gl)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = _b_a_k
                 b_h1 = b_h1 * tl.exp2(b_gl)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -461,9 +464,10 @@ def chunk_state_pass_kernel(
     else:
         # a for loop, so that Triton software-pipelines the loads of the next chunk
         for i_tc in range(0, n_tc):
+            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             o_k = o_kb
@@ -477,36 +481,38 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_u -= _mm(b_w, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_u -= _mm(b_w, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            b_u -= b_wh
+            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = _b_a_k
             b_h0 = b_h0 * tl.exp2(b_gl)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = _b_a_k
                 b_h1 = b_h1 * tl.exp2(b_gl)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -546,8 +552,8 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
@@ -556,19 +562,19 @@ def chunk_output_kernel(
         m_k = o_k < DK
         b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
-        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = _b_q_q
+        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = _b_a_k
         b_o += _mm(b_q, b_h, DT_ID)
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
-    tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-    _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-    tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_z, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+    tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+    _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = _b_z_v
+    tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_z, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
 # ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
@@ -602,16 +608,16 @@ def chunk_bwd_local_values_kernel(
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = _b_q_q
+        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = _b_a_k
         b_st += _mm(b_a, tl.trans(b_q), DT_ID)
-    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_st = tl.where(m_ge, b_st * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
-    b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+    b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
+    tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
@@ -649,118 +655,122 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
+            # accumulator; the per-token factor scales the sum's rows once
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_du += _mm(b_a, b_dh0, DT_ID)
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = _b_a_k
+            b_adh = _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-                b_du += _mm(b_a, b_dh1, DT_ID)
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = _b_a_k
+                b_adh += _mm(b_a, b_dh1, DT_ID)
 
-            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block
+            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
+            # value-side operands once (scale e^B dO, −dU)
+            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
+            b_ndu = -b_du
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            b_qf = b_q * tl.exp2(b_g)[:, None]
+            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-                b_qf = b_q * tl.exp2(b_g)[:, None]
+                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q = _b_q_q
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
 
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
+            # accumulator; the per-token factor scales the sum's rows once
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            b_du += _mm(b_a, b_dh0, DT_ID)
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = _b_a_k
+            b_adh = _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-                b_du += _mm(b_a, b_dh1, DT_ID)
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = _b_a_k
+                b_adh += _mm(b_a, b_dh1, DT_ID)
 
-            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block
+            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
+            # value-side operands once (scale e^B dO, −dU)
+            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
+            b_ndu = -b_du
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            b_qf = b_q * tl.exp2(b_g)[:, None]
+            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-                b_qf = b_q * tl.exp2(b_g)[:, None]
+                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q = _b_q_q
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
 
 
     o_k = o_kb
@@ -805,9 +815,9 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    b_beta = _b_beta_beta
+    b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
@@ -823,11 +833,11 @@ def chunk_bwd_grad_kernel(
         m_h = m_k[:, None] & m_v[None, :]
         b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = _b_z_v
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
@@ -837,19 +847,19 @@ def chunk_bwd_grad_kernel(
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
         b_dyz += tl.sum(b_dy * b_z, 1)
         b_dz = b_dy * b_beta[:, None]
-        b_dr = tl.load(dr_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_dr = tl.load(dr_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dz = b_dz + b_dr
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
         g_v += b_dz
-        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
+        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
-    _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+    _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = _b_q_q
+    _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = _b_a_k
     b_e = b_a
     last = t0 + tl.minimum(eos - t0, BT) - 1
-    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_gl = tl.load(g_buf + last * HV + i_hv)
     b_eb = tl.exp2(b_g)[:, None]
     b_ecb = tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
@@ -870,7 +880,7 @@ def chunk_bwd_grad_kernel(
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
-    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
+    tl.store(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
     b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
@@ -892,13 +902,13 @@ def chunk_bwd_grad_kernel(
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
-    tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
-    tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
+    tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
+    tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
+    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + i_k * TT * HV + rows * HV + i_hv, b_dg, mask=m_r)
+    tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
 #   Parts: q = q; lg = g; beta = beta; e = k; a = k
@@ -926,40 +936,40 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    a_q = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+    a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
-        a_lg += tl.load(ag_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
+        a_lg += tl.load(ag_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
-    a_e = tl.load(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-    a_a = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
+    a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
-    x_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+    x_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.).to(tl.float32)
     r_q = tl.rsqrt(tl.sum(x_q * x_q, 1) + 1e-06)[:, None]
     y_q = x_q * r_q
     g_q = r_q * (g_q - y_q * tl.sum(y_q * g_q, 1)[:, None])
-    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
+    tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
     g_k += a_a
-    x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+    x_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.).to(tl.float32)
     r_k = tl.rsqrt(tl.sum(x_k * x_k, 1) + 1e-06)[:, None]
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
-    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
+    tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     # d g
     g_g = tl.zeros([BT], dtype=tl.float32)
     g_g += a_lg
-    tl.store(dx_g + rows * HV + i_hv, _cast_for(g_g, dx_g, DT_ID), mask=m_r)
+    tl.store(dx_g + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_g, dx_g, DT_ID), mask=m_r)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
-    tl.store(dx_beta + rows * HV + i_hv, _cast_for(g_beta, dx_beta, DT_ID), mask=m_r)
+    tl.store(dx_beta + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_beta, dx_beta, DT_ID), mask=m_r)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]

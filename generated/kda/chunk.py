@@ -599,9 +599,10 @@ def chunk_state_pass_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = 0
         while i_tc < n_tc:
+            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             o_k = o_kb
@@ -616,17 +617,19 @@ def chunk_state_pass_kernel(
                          mask=m_k[:, None] & m_v[None, :])
 
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
             b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_u -= _mm(b_w, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_u -= _mm(b_w, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
+            b_u -= b_wh
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
@@ -655,9 +658,10 @@ def chunk_state_pass_kernel(
     else:
         # a for loop, so that Triton software-pipelines the loads of the next chunk
         for i_tc in range(0, n_tc):
+            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_hn = h_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             o_k = o_kb
@@ -672,17 +676,19 @@ def chunk_state_pass_kernel(
                          mask=m_k[:, None] & m_v[None, :])
 
             b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
             b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_u -= _mm(b_w, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_u -= _mm(b_w, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
+            b_u -= b_wh
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
@@ -828,15 +834,17 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
+            # accumulator
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
@@ -862,18 +870,22 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block
+            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
+            # value-side operands once (scale dO, −dU)
+            b_dos = b_do * scale
+            b_ndu = -b_du
+            b_dos = b_dos.to(b_do.dtype)
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_qf = b_q * tl.exp2(b_g)
+            b_q = b_q * tl.exp2(b_g)
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -882,26 +894,28 @@ def chunk_bwd_state_kernel(
                 b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
                 b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_qf = b_q * tl.exp2(b_g)
+                b_q = b_q * tl.exp2(b_g)
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
 
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
+            # accumulator
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
@@ -927,18 +941,22 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block
+            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
+            # value-side operands once (scale dO, −dU)
+            b_dos = b_do * scale
+            b_ndu = -b_du
+            b_dos = b_dos.to(b_do.dtype)
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
             b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_qf = b_q * tl.exp2(b_g)
+            b_q = b_q * tl.exp2(b_g)
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -947,11 +965,11 @@ def chunk_bwd_state_kernel(
                 b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
                 b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_qf = b_q * tl.exp2(b_g)
+                b_q = b_q * tl.exp2(b_g)
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
 
 
     o_k = o_kb
@@ -1029,7 +1047,7 @@ def chunk_bwd_grad_kernel(
         b_dz = b_dy * b_beta[:, None]
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
         g_v += b_dz
-        tl.store(dx_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
+        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -1114,7 +1132,7 @@ def chunk_bwd_grad_kernel(
     b_db = b_q * b_dq
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += b_dq
-    tl.store(dx_q + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
+    tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da += b_das
@@ -1194,7 +1212,7 @@ def chunk_bwd_grad_kernel(
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += b_de
     g_k += b_da
-    tl.store(dx_k + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
+    tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
     b_db -= b_a * b_da
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
@@ -1228,18 +1246,18 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    a_lg = tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + rows * HV + i_hv, mask=m_r, other=0.)
+        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
-    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
+    tl.store(dx_g + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
-    tl.store(dx_beta + rows * HV + i_hv, _cast_for(g_beta, dx_beta, DT_ID), mask=m_r)
+    tl.store(dx_beta + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_beta, dx_beta, DT_ID), mask=m_r)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]

@@ -1,0 +1,30 @@
+"""Element offsets of token tiles in the [T, heads, dim] buffers the chunk kernels read and write.
+
+A tile's rows are given as Triton source: either a variable of absolute token indices (`rows`), or the
+split form `"t0 + o_t"`: a scalar first token (int64) plus int32 offsets within the chunk. The split form
+puts the 64-bit part in one scalar and leaves the per-element arithmetic 32-bit and loop-invariant, which
+Triton hoists out of a loop over chunks (the state passes: half as many integer instructions per chunk).
+"""
+
+from __future__ import annotations
+
+import re
+
+ROWS = "t0 + o_t"  # the chunk kernels' rows: first token of the chunk + offsets 0..BT-1
+_SPLIT = re.compile(r"^(?P<base>[A-Za-z_]\w*) \+ (?P<local>.+)$")
+
+
+def row_offset(rows: str, heads: str, head: str, dim: str | None = None, cols: str | None = None) -> str:
+    """Offset of rows × (one head) [× cols] in a [T, heads(, dim)] buffer; [R] when `dim` is None, else [R, C].
+
+    Written so that `ptr + row_offset(...)` adds the scalar part to the pointer first.
+    """
+    m = _SPLIT.match(rows)
+    if dim is None:
+        if m:
+            return f"{m['base']} * {heads} + (({m['local']}) * {heads} + {head})"
+        return f"{rows} * {heads} + {head}"
+    if m:
+        return (f"{m['base']} * ({heads} * {dim}) + ((({m['local']})[:, None] * {heads} + {head}) * {dim} "
+                f"+ {cols}[None, :])")
+    return f"({rows}[:, None] * {heads} + {head}) * {dim} + {cols}[None, :]"
