@@ -289,10 +289,11 @@ class _Emitter:
         self.kt_heads = "key" if (ir.precond.diag is not None and ir.precond.diag.heads == "key") else "value"
         self.q_override: str | None = None  # CCQ: the output stage reads q̂ from this buffer
         # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
-        # pass's loop from 769 to 652 SASS instructions (FLA's: 612). In the vector-decay kernels, already at 255
-        # registers, they made sm_90 spill more (kda interaction 96 → 400 B: the hoisted int32 offset tiles stay
-        # live), so that family keeps the absolute `rows` until its kernels are rebuilt.
-        self.lean = ir.decay.kind != "vector"
+        # pass's loop from 769 to 652 SASS instructions (FLA's: 612; H200 0.374 → 0.317 ms for gdn's two calls).
+        # In the vector-decay kernels, already at 255 registers, they made sm_90 spill more (kda interaction
+        # 96 → 400 B: the hoisted int32 offset tiles stay live), and under a PDN statistic (fp32 k̃ tiles) the
+        # state pass went from 227 registers to 255 + 48 B spill and 0.44 → 0.83 ms; those keep absolute `rows`.
+        self.lean = ir.decay.kind != "vector" and ir.precond.kind != "diag"
         self.rows = ROWS if self.lean else "rows"
 
     def _sym(self, name: str, side: str | None, rows: str, mask: str, tag: str, out: list[str]) -> str:
@@ -343,6 +344,10 @@ class _Emitter:
         """
         out: list[str] = []
         names = {}
+        if rows == ROWS and not isinstance(expr, sp.Symbol):
+            # an expression of several loaded tiles: their hoisted int32 offset tiles would stay live across a loop
+            # over chunks (pgdn's state pass: 227 registers → 255 + 48 B spill), so absolute rows
+            rows = "rows"
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
         text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names)

@@ -33,8 +33,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         if decay == "vector":
             # the diagonal blocks by hierarchical references: every row block's [16, BK] tiles are live at once,
             # so 32 key channels per step (compile report, kda dk = 128, sm_90: BK 32 / 8 warps 255 registers +
-            # 96 B spill; BK 128 1448 B, BK 64 1072 B)
-            return min(32, BK), bv_full, (8 if BK >= 64 else 4), 1
+            # 96 B spill; BK 128 1448 B, BK 64 1072 B). H200, kda (benchmarks/tune.py, run 13): BK 32 with 2 warps
+            # 2.09 ms, 4 warps 2.16, 8 warps 3.95 (16×16 tiles leave most of 8 warps idle)
+            return min(32, BK), bv_full, 2, 1
         return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
     if name == "wy":
         return BK, bv_full, 4, 1

@@ -569,21 +569,19 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = _b_a_k
             b_du += _mm(b_a, b_dh0, DT_ID)
 
@@ -592,53 +590,50 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_a = _b_a_k
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale dO, −dU)
-            b_dos = b_do * scale
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_qf = b_q
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_q = _b_q_q
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_qf = b_q
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = _b_a_k
             b_du += _mm(b_a, b_dh0, DT_ID)
 
@@ -647,32 +642,31 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_a = _b_a_k
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale dO, −dU)
-            b_dos = b_do * scale
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_qf = b_q
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_q = _b_q_q
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_qf = b_q
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
     o_k = o_kb

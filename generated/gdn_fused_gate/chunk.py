@@ -175,7 +175,7 @@ def chunk_cumsum_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     _b_g_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _b_g_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_g_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _b_g_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum(((-1.0 * tl.exp(_b_g_A_log) * (tl.maximum((_b_g_a + _b_g_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_g_a + _b_g_dt_bias))))))) * 1.4426950408889634, -64.0), 0.)
     b_g = tl.cumsum(b_g, axis=0)
@@ -356,7 +356,7 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    _b_beta_b = tl.load(p_b + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_eg = b_beta * tl.exp2(b_g)
@@ -658,10 +658,9 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
@@ -669,60 +668,58 @@ def chunk_bwd_state_kernel(
             b_gl = tl.load(g_buf + last * HV + i_hv)
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator; the per-token factor scales the sum's rows once
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = _b_a_k
-            b_adh = _mm(b_a, b_dh0, DT_ID)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_a = _b_a_k
-                b_adh += _mm(b_a, b_dh1, DT_ID)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
 
-            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale e^B dO, −dU)
-            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
+            b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_q = _b_q_q
+                b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
@@ -730,50 +727,49 @@ def chunk_bwd_state_kernel(
             b_gl = tl.load(g_buf + last * HV + i_hv)
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator; the per-token factor scales the sum's rows once
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_a = _b_a_k
-            b_adh = _mm(b_a, b_dh0, DT_ID)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_a = _b_a_k
-                b_adh += _mm(b_a, b_dh1, DT_ID)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
 
-            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale e^B dO, −dU)
-            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
+            b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
                 b_q = _b_q_q
+                b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
     o_k = o_kb
@@ -817,7 +813,7 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_beta_b = tl.load(p_b + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
     b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
@@ -966,21 +962,21 @@ def chunk_bwd_inputs_kernel(
     # d a
     g_a = tl.zeros([BT], dtype=tl.float32)
     _d_a_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_a_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_a_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_a_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_a_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_a_lg_A_log) * (1.0 / (1.0 + tl.exp(-((_d_a_lg_a + _d_a_lg_dt_bias)))))), 0.)
     g_a += d_a_lg * a_lg
     tl.store(dx_a + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_a, dx_a, DT_ID), mask=m_r)
     # d b
     g_b = tl.zeros([BT], dtype=tl.float32)
-    _d_b_beta_b = tl.load(p_b + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     d_b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + ((1.0 + (-1.0 * (1.0 / (1.0 + tl.exp(-(_d_b_beta_b)))))) * (1.0 / (1.0 + tl.exp(-(_d_b_beta_b))))), 0.)
     g_b += d_b_beta * a_beta
     tl.store(dx_b + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_b, dx_b, DT_ID), mask=m_r)
     # d A_log
     g_A_log = 0.0
     _d_A_log_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_A_log_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_A_log_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_A_log_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_A_log_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_A_log_lg_A_log) * (tl.maximum((_d_A_log_lg_a + _d_A_log_lg_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_d_A_log_lg_a + _d_A_log_lg_dt_bias)))))), 0.)
     g_A_log += tl.sum(d_A_log_lg * a_lg, 0)
@@ -988,7 +984,7 @@ def chunk_bwd_inputs_kernel(
     # d dt_bias
     g_dt_bias = 0.0
     _d_dt_bias_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_dt_bias_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_dt_bias_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_dt_bias_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_dt_bias_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_dt_bias_lg_A_log) * (1.0 / (1.0 + tl.exp(-((_d_dt_bias_lg_a + _d_dt_bias_lg_dt_bias)))))), 0.)
     g_dt_bias += tl.sum(d_dt_bias_lg * a_lg, 0)

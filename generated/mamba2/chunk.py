@@ -149,7 +149,7 @@ def chunk_cumsum_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     _b_g_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _b_g_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_g_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _b_g_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum(((-1.0 * tl.exp(_b_g_A_log) * (tl.maximum((_b_g_a + _b_g_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_g_a + _b_g_dt_bias))))))) * 1.4426950408889634, -64.0), 0.)
     b_g = tl.cumsum(b_g, axis=0)
@@ -210,7 +210,7 @@ def chunk_state_pass_kernel(
 
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
             _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
             b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
             b_u = b_z * b_beta[:, None]
@@ -259,7 +259,7 @@ def chunk_state_pass_kernel(
 
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
             _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
             b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
             b_u = b_z * b_beta[:, None]
@@ -567,7 +567,7 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_beta_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
@@ -676,11 +676,11 @@ def chunk_bwd_inputs_kernel(
     # d a
     g_a = tl.zeros([BT], dtype=tl.float32)
     _d_a_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_a_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_a_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_a_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_a_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_a_lg_A_log) * (1.0 / (1.0 + tl.exp(-((_d_a_lg_a + _d_a_lg_dt_bias)))))), 0.)
     g_a += d_a_lg * a_lg
-    _d_a_beta_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_a_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_a_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_a_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-((_d_a_beta_a + _d_a_beta_dt_bias))))), 0.)
     g_a += d_a_beta * a_beta
@@ -688,7 +688,7 @@ def chunk_bwd_inputs_kernel(
     # d A_log
     g_A_log = 0.0
     _d_A_log_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_A_log_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_A_log_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_A_log_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_A_log_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_A_log_lg_A_log) * (tl.maximum((_d_A_log_lg_a + _d_A_log_lg_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_d_A_log_lg_a + _d_A_log_lg_dt_bias)))))), 0.)
     g_A_log += tl.sum(d_A_log_lg * a_lg, 0)
@@ -696,11 +696,11 @@ def chunk_bwd_inputs_kernel(
     # d dt_bias
     g_dt_bias = 0.0
     _d_dt_bias_lg_A_log = tl.load(p_A_log + i_hv).to(tl.float32)
-    _d_dt_bias_lg_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_dt_bias_lg_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_dt_bias_lg_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_dt_bias_lg = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (-1.0 * tl.exp(_d_dt_bias_lg_A_log) * (1.0 / (1.0 + tl.exp(-((_d_dt_bias_lg_a + _d_dt_bias_lg_dt_bias)))))), 0.)
     g_dt_bias += tl.sum(d_dt_bias_lg * a_lg, 0)
-    _d_dt_bias_beta_a = tl.load(p_a + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _d_dt_bias_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     _d_dt_bias_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     d_dt_bias_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-((_d_dt_bias_beta_a + _d_dt_bias_beta_dt_bias))))), 0.)
     g_dt_bias += tl.sum(d_dt_bias_beta * a_beta, 0)

@@ -179,10 +179,10 @@ def chunk_cumsum_kernel(
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m_r = rows < eos
-    _b_g_g = tl.load(p_g + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    _b_g_g = tl.load(p_g + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_g = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_g_g) * 1.4426950408889634, -64.0), 0.)
     b_g = tl.cumsum(b_g, axis=0)
-    tl.store(g_buf + t0 * HV + ((o_t) * HV + i_hv), b_g, mask=m_r)
+    tl.store(g_buf + rows * HV + i_hv, b_g, mask=m_r)
 
 # ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
 # One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
@@ -211,24 +211,24 @@ def chunk_precond_diag_kernel(
         t0 = bos + i_tc * BT
         rows = t0 + o_t
         m_r = rows < eos
-        _b_k_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_k = _b_k_k
-        _b_x_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+        _b_x_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-        _b_bp_betaP = tl.load(p_betaP + t0 * H + ((o_t) * H + i_h), mask=m_r, other=0.).to(tl.float32)
-        b_bp = _b_bp_betaP
+        _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+        b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
         b_x = b_x * b_bp[:, None]
-        _b_c_gP = tl.load(p_gP + t0 * H + ((o_t) * H + i_h), mask=m_r, other=0.).to(tl.float32)
+        _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
         b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
         b_c = tl.cumsum(b_c, axis=0)
         b_lam = tl.where(m_le, tl.exp2(tl.minimum(b_c[:, None] - b_c[None, :], 0.)), 0.)
         b_stat = tl.exp2(b_c)[:, None] * b_A[None, :] + _mm32(b_lam, b_x)
         if KEEP:  # the backward reads the statistic of every token
-            tl.store(stat_buf + t0 * (HP * DK) + (((o_t)[:, None] * HP + i_p) * DK + o_k[None, :]), b_stat, mask=m_r[:, None] & m_k[None, :])
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
         _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
         b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
         b_kt = b_map * b_k
-        tl.store(kt_buf + t0 * (HP * DK) + (((o_t)[:, None] * HP + i_p) * DK + o_k[None, :]), b_kt, mask=m_r[:, None] & m_k[None, :])
+        tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
         last = tl.minimum(eos - t0, BT) - 1
         b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
         i_tc += 1
@@ -260,20 +260,20 @@ def chunk_interaction_kernel(
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
     _beta0_beta = tl.load(p_beta + rb0 * HV + i_hv, mask=mb0, other=0.).to(tl.float32)
-    beta0 = _beta0_beta
+    beta0 = tl.where(mb0, tl.zeros([BC], dtype=tl.float32) + _beta0_beta, 0.)
     bg0 = tl.load(g_buf + rb0 * HV + i_hv, mask=mb0, other=0.)
     L0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     rb1 = t0 + 16 + o_c
     mb1 = rb1 < eos
     _beta1_beta = tl.load(p_beta + rb1 * HV + i_hv, mask=mb1, other=0.).to(tl.float32)
-    beta1 = _beta1_beta
+    beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + _beta1_beta, 0.)
     bg1 = tl.load(g_buf + rb1 * HV + i_hv, mask=mb1, other=0.)
     L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
     rb2 = t0 + 32 + o_c
     mb2 = rb2 < eos
     _beta2_beta = tl.load(p_beta + rb2 * HV + i_hv, mask=mb2, other=0.).to(tl.float32)
-    beta2 = _beta2_beta
+    beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + _beta2_beta, 0.)
     bg2 = tl.load(g_buf + rb2 * HV + i_hv, mask=mb2, other=0.)
     L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -281,7 +281,7 @@ def chunk_interaction_kernel(
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
     _beta3_beta = tl.load(p_beta + rb3 * HV + i_hv, mask=mb3, other=0.).to(tl.float32)
-    beta3 = _beta3_beta
+    beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + _beta3_beta, 0.)
     bg3 = tl.load(g_buf + rb3 * HV + i_hv, mask=mb3, other=0.)
     L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
     L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -293,30 +293,30 @@ def chunk_interaction_kernel(
         m_k = o_k < DK
         # -- row block 0
         _b_e0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e0 = _b_e0_k
+        b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
         _b_a0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        b_a0 = _b_a0_ktilde
+        b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_ktilde, 0.)
         L0_0 += _mm(b_e0, tl.trans(b_a0), DT_ID)
         # -- row block 1
         _b_e1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e1 = _b_e1_k
+        b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
         _b_a1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        b_a1 = _b_a1_ktilde
+        b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_ktilde, 0.)
         L1_0 += _mm(b_e1, tl.trans(b_a0), DT_ID)
         L1_1 += _mm(b_e1, tl.trans(b_a1), DT_ID)
         # -- row block 2
         _b_e2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e2 = _b_e2_k
+        b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
         _b_a2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        b_a2 = _b_a2_ktilde
+        b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_ktilde, 0.)
         L2_0 += _mm(b_e2, tl.trans(b_a0), DT_ID)
         L2_1 += _mm(b_e2, tl.trans(b_a1), DT_ID)
         L2_2 += _mm(b_e2, tl.trans(b_a2), DT_ID)
         # -- row block 3
         _b_e3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e3 = _b_e3_k
+        b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
         _b_a3_ktilde = tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-        b_a3 = _b_a3_ktilde
+        b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_ktilde, 0.)
         L3_0 += _mm(b_e3, tl.trans(b_a0), DT_ID)
         L3_1 += _mm(b_e3, tl.trans(b_a1), DT_ID)
         L3_2 += _mm(b_e3, tl.trans(b_a2), DT_ID)
@@ -412,27 +412,27 @@ def chunk_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m_r = rows < eos
-    b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
-    b_beta = _b_beta_beta
-    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
     b_eg = b_beta * tl.exp2(b_g)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e = _b_e_k
+        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
         b_e = b_e * b_eg[:, None]
         b_w = _mm(b_T, b_e, DT_ID)
-        tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
-        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = _b_z_v
+        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
-        tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
+        tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
@@ -487,38 +487,38 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_wh += _mm(b_w, b_h1, DT_ID)
 
             b_u -= b_wh
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
             # a per-token factor scales U's rows once, not each key block's rows of A
             b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_ktilde
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_h0 = b_h0 * tl.exp2(b_gl)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_ktilde
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_h1 = b_h1 * tl.exp2(b_gl)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -544,38 +544,38 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            b_u = tl.load(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_w = tl.load(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_wh += _mm(b_w, b_h1, DT_ID)
 
             b_u -= b_wh
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
             # a per-token factor scales U's rows once, not each key block's rows of A
             b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_ktilde
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_h0 = b_h0 * tl.exp2(b_gl)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_ktilde
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_h1 = b_h1 * tl.exp2(b_gl)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -615,8 +615,8 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
@@ -625,16 +625,16 @@ def chunk_output_kernel(
         m_k = o_k < DK
         b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
-        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = _b_q_q
-        _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_a = _b_a_ktilde
+        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_o += _mm(b_q, b_h, DT_ID)
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
-    tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+    tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
 # ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
@@ -668,16 +668,16 @@ def chunk_bwd_local_values_kernel(
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = _b_q_q
-        _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_a = _b_a_ktilde
+        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_st += _mm(b_a, tl.trans(b_q), DT_ID)
-    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
     b_st = tl.where(m_ge, b_st * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
-    b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+    b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
+    tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
@@ -715,122 +715,118 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator; the per-token factor scales the sum's rows once
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_ktilde
-            b_adh = _mm(b_a, b_dh0, DT_ID)
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_ktilde
-                b_adh += _mm(b_a, b_dh1, DT_ID)
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
 
-            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale e^B dO, −dU)
-            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q
+            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q
+                _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
-            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = o_t < eos - t0
+            m_r = rows < eos
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator; the per-token factor scales the sum's rows once
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_ktilde
-            b_adh = _mm(b_a, b_dh0, DT_ID)
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
+            b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_ktilde
-                b_adh += _mm(b_a, b_dh1, DT_ID)
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
+                b_a = b_a * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+                b_du += _mm(b_a, b_dh1, DT_ID)
 
-            b_du += b_adh * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # dH_n, per key block: every term goes through the matmul accumulator, so the factors are applied to the
-            # value-side operands once (scale e^B dO, −dU)
-            b_dos = b_do * (scale * tl.exp2(b_g)[:, None])
-            b_ndu = -b_du
+            # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q
+            _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 += _mm(b_wt, b_ndu, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q
+                _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+                b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 += _mm(b_wt, b_ndu, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
     o_k = o_kb
@@ -875,9 +871,9 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     m_lt = o_t[:, None] > o_t[None, :]
-    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
-    b_beta = _b_beta_beta
-    b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+    b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
@@ -893,11 +889,11 @@ def chunk_bwd_grad_kernel(
         m_h = m_k[:, None] & m_v[None, :]
         b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = _b_z_v
+        b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
@@ -911,14 +907,14 @@ def chunk_bwd_grad_kernel(
         g_v += b_dz
         tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
-    _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_q = _b_q_q
-    _b_a_ktilde = tl.load(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-    b_a = _b_a_ktilde
-    _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_e = _b_e_k
+    _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
+    _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     last = t0 + tl.minimum(eos - t0, BT) - 1
-    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_g = tl.load(g_buf + rows * HV + i_hv, mask=m_r, other=0.)
     b_gl = tl.load(g_buf + last * HV + i_hv)
     b_eb = tl.exp2(b_g)[:, None]
     b_ecb = tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
@@ -939,7 +935,7 @@ def chunk_bwd_grad_kernel(
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
-    tl.store(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_dq, mask=m_rk)
+    tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
     b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
@@ -961,13 +957,13 @@ def chunk_bwd_grad_kernel(
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
-    tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
-    tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
+    tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
+    tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
+    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
+    tl.store(ag_buf + i_k * TT * HV + rows * HV + i_hv, b_dg, mask=m_r)
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
@@ -999,25 +995,25 @@ def chunk_bwd_precond_diag_kernel(
         rows = t0 + o_t
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
-        b_stat = tl.load(stat_buf + t0 * (HP * DK) + (((o_t)[:, None] * HP + i_p) * DK + o_k[None, :]), mask=m_rk, other=0.)
-        _b_k_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_k = _b_k_k
-        _b_x_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+        _b_x_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-        _b_bp_betaP = tl.load(p_betaP + t0 * H + ((o_t) * H + i_h), mask=m_r, other=0.).to(tl.float32)
-        b_bp = _b_bp_betaP
+        _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+        b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
         b_x = b_x * b_bp[:, None]
         b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
         for i_g in range(0, G):
             i_hv = i_p * G + i_g
-            b_aa = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
+            b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
             b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
             b_dkt += b_dwk * b_aa
         _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
         b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
         b_dst = b_dmap * b_k * b_dkt
         last = tl.minimum(eos - t0, BT) - 1
-        _b_c_gP = tl.load(p_gP + t0 * H + ((o_t) * H + i_h), mask=m_r, other=0.).to(tl.float32)
+        _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
         b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
         b_c = tl.cumsum(b_c, axis=0)
         b_cl = tl.sum(tl.where(o_t == last, b_c, 0.), 0)
@@ -1026,9 +1022,9 @@ def chunk_bwd_precond_diag_kernel(
         b_lamt = tl.where(m_ge, tl.exp2(tl.minimum(b_c[None, :] - b_c[:, None], 0.)), 0.)
         b_ab = _mm32(b_lamt, b_dst) + tl.exp2(tl.minimum(b_cl - b_c, 0.))[:, None] * b_carry[None, :]
         b_ab = tl.where(m_rk, b_ab, 0.)
-        tl.store(apdec_buf + i_kb * TT * HP + t0 * HP + ((o_t) * HP + i_p), tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+        tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
         b_carry = tl.sum(tl.exp2(b_c)[:, None] * b_dst, 0) + tl.exp2(b_cl) * b_carry
-        tl.store(apinc_buf + t0 * (HP * DK) + (((o_t)[:, None] * HP + i_p) * DK + o_k[None, :]), b_ab, mask=m_rk)
+        tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
         i_tc -= 1
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
@@ -1089,8 +1085,8 @@ def chunk_bwd_inputs_kernel(
     _d_k_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
     d_k_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _d_k_kt_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _d_k_kt_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
     g_k += d_k_kt * a_kt
-    _d_k_pinc_betaP = tl.load(p_betaP + t0 * H + ((o_t) * H + i_h), mask=m_r, other=0.).to(tl.float32)
-    _d_k_pinc_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _d_k_pinc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+    _d_k_pinc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     d_k_pinc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (2.0 * _d_k_pinc_k * _d_k_pinc_betaP[:, None]), 0.)
     g_k += d_k_pinc * a_pinc
     x_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.).to(tl.float32)
@@ -1112,13 +1108,13 @@ def chunk_bwd_inputs_kernel(
     tl.store(dx_gP + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_gP, dx_gP, DT_ID), mask=m_r)
     # d betaP
     g_betaP = tl.zeros([BT], dtype=tl.float32)
-    _d_betaP_pinc_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _d_betaP_pinc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     d_betaP_pinc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_d_betaP_pinc_k * _d_betaP_pinc_k), 0.)
     g_betaP += tl.sum(d_betaP_pinc * a_pinc, 1)
     tl.store(dx_betaP + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_betaP, dx_betaP, DT_ID), mask=m_r)
     # d mu
     g_mu = 0.0
-    _d_mu_kt_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _d_mu_kt_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     _d_mu_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
     d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (0.4054651081081644 * _d_mu_kt_k * (1.0 / ((1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _d_mu_kt_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _d_mu_kt_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
     g_mu += tl.sum(tl.sum(d_mu_kt * a_kt, 1), 0)
