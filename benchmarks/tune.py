@@ -53,7 +53,7 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
     return [c for c in grid if c[0] <= full and c[1] <= full]
 
 
-def sweep(spec: str, stage: str, shape: list[int]) -> None:
+def sweep(spec: str, stage: str, shape: list[int], configs: list[tuple[int, int, int, int]] | None = None) -> None:
     """(child process) time every candidate of `stage`; one JSON line per candidate."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -72,7 +72,7 @@ def sweep(spec: str, stage: str, shape: list[int]) -> None:
             t.grad = None
         pkg.forward(**x).o.backward(do)
 
-    for cfg in candidates(stage, D):
+    for cfg in configs or candidates(stage, D):
         pkg.chunk.LAUNCH_OVERRIDES[stage] = cfg
         step()
         torch.cuda.synchronize()
@@ -92,14 +92,18 @@ def main() -> int:
     p.add_argument("--stages", nargs="+", default=["interaction", "wy", "state_pass", "output", "bwd_state",
                                                    "bwd_grads", "bwd_inputs"])
     p.add_argument("--json", default=None)
+    p.add_argument("--configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
+                   help="only these candidates (every stage swept)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        sweep(args.spec, args.child, args.shape)
+        configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else None
+        sweep(args.spec, args.child, args.shape, configs)
         return 0
     best: dict[str, dict] = {}
     for stage in args.stages:
-        cmd = [sys.executable, __file__, args.spec, "--shape", *map(str, args.shape), "--child", stage]
+        cmd = [sys.executable, __file__, args.spec, "--shape", *map(str, args.shape), "--child", stage,
+               *(["--configs", *args.configs] if args.configs else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         rows = [r for r in rows if r["ms"] > 0]

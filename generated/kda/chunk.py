@@ -119,13 +119,14 @@ def _mm32(a, b):
 
 
 @triton.jit
-def _mm_x3(a, b, DT_ID: tl.constexpr):
-    """fp32-accurate tensor-core matmul of fp32 operands (three tf32 passes) for 16-bit inputs; the interpreter,
-    which has no tf32, and fp32 inputs use IEEE fp32."""
+def _mm_tf32(a, b, DT_ID: tl.constexpr):
+    """Tensor-core matmul of fp32 operands rounded to tf32 (10-bit mantissa, 8× finer than bf16) for 16-bit
+    inputs; the interpreter, which has no tf32, and fp32 inputs use IEEE fp32."""
     if DT_ID == 1 or DT_ID == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
 
 # ---- stage gates + chunk_cumsum: b = chunk-local inclusive cumsum of the log-gate, in log2 units --------
 @triton.jit
@@ -1055,8 +1056,9 @@ def chunk_bwd_grad_kernel(
     # Hierarchical sub-chunk references (docs/chunk_forms.md §3, applied recursively): at level s the pairs are
     # (t in the second half, j in the first half) of one s-token block; with r = b at the block's middle,
     # e^{b_t − b_j} = e^{b_t − r} e^{r − b_j}, both ≤ 1, so each level is one masked matmul per side. The
-    # products keep fp32-level operands (_mm_x3): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse,
-    # and bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3 → 2.9e-3).
+    # products take tf32 operands (_mm_tf32): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse, and
+    # bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3). At full size on
+    # the H200 tf32 gives g 4.50e-3 (FLA 5.29e-3) at 5.3 ms for the stage; tf32x3 gave 4.66e-3 at 14.1 ms.
     b_dd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_ds, 0.), 1)
     b_dq = b_dd[:, None] * b_a
     b_da = b_dd[:, None] * b_q
@@ -1067,8 +1069,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 64) == (o_t[None, :] // 64)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 32) * 32 + 15
     m_hi = (o_t % 32) >= 16
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1076,8 +1078,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 32) == (o_t[None, :] // 32)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 16) * 16 + 7
     m_hi = (o_t % 16) >= 8
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1085,8 +1087,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 16) == (o_t[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 8) * 8 + 3
     m_hi = (o_t % 8) >= 4
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1094,8 +1096,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 8) == (o_t[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 4) * 4 + 1
     m_hi = (o_t % 4) >= 2
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1103,8 +1105,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 4) == (o_t[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 2) * 2 + 0
     m_hi = (o_t % 2) >= 1
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1112,8 +1114,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 2) == (o_t[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_up, 0.), DT_ID) * b_dn, 0.)
 
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
@@ -1133,8 +1135,9 @@ def chunk_bwd_grad_kernel(
     # Hierarchical sub-chunk references (docs/chunk_forms.md §3, applied recursively): at level s the pairs are
     # (t in the second half, j in the first half) of one s-token block; with r = b at the block's middle,
     # e^{b_t − b_j} = e^{b_t − r} e^{r − b_j}, both ≤ 1, so each level is one masked matmul per side. The
-    # products keep fp32-level operands (_mm_x3): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse,
-    # and bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3 → 2.9e-3).
+    # products take tf32 operands (_mm_tf32): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse, and
+    # bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3). At full size on
+    # the H200 tf32 gives g 4.50e-3 (FLA 5.29e-3) at 5.3 ms for the stage; tf32x3 gave 4.66e-3 at 14.1 ms.
     b_de = tl.zeros([BT, BK], dtype=tl.float32)
     b_dal = tl.zeros([BT, BK], dtype=tl.float32)
     o_ref = (o_t // 64) * 64 + 31
@@ -1144,8 +1147,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 64) == (o_t[None, :] // 64)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 32) * 32 + 15
     m_hi = (o_t % 32) >= 16
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1153,8 +1156,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 32) == (o_t[None, :] // 32)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 16) * 16 + 7
     m_hi = (o_t % 16) >= 8
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1162,8 +1165,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 16) == (o_t[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 8) * 8 + 3
     m_hi = (o_t % 8) >= 4
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1171,8 +1174,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 8) == (o_t[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 4) * 4 + 1
     m_hi = (o_t % 4) >= 2
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1180,8 +1183,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 4) == (o_t[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
     o_ref = (o_t // 2) * 2 + 0
     m_hi = (o_t % 2) >= 1
     b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
@@ -1189,8 +1192,8 @@ def chunk_bwd_grad_kernel(
     b_up = tl.exp2(tl.minimum(b_g - b_ref, 0.))
     b_dn = tl.exp2(tl.minimum(b_ref - b_g, 0.))
     b_dsl = tl.where(((o_t[:, None] // 2) == (o_t[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_x3(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_x3(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_dn, 0.), DT_ID) * b_up, 0.)
+    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_up, 0.), DT_ID) * b_dn, 0.)
 
     b_da += b_dal
     b_dew = b_dew * b_beta[:, None]
