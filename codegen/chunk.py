@@ -53,10 +53,11 @@ import jinja2
 import sympy as sp
 
 from ..compiler.exprs import diff_by_name
-from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints
 from .address import ROWS, row_offset
 from .decay import decay_hook
+from .recurrent import _py
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -89,12 +90,9 @@ def _side(ir: IR, expr: sp.Expr) -> str | None:
 
 def supports_chunk(ir: IR) -> tuple[bool, str]:
     """(True, '') when render_chunk handles `ir`; else (False, reason)."""
+    ir = kernel_ir(ir)  # channel reductions reach the kernels as derived per-token inputs (render_chunk)
     st = ir.structure
     s = ir.solve
-    if ir.reductions:
-        ops = ", ".join(sorted({f"{r.op}(...)" for r in ir.reductions}))
-        return False, (f"channel reduction ({ops}): the chunk kernels evaluate spec expressions elementwise per "
-                       "channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it")
     try:
         if not st.tied:
             return False, "untied DPLR solve (f != w): needs four interaction matrices; not generated"
@@ -250,6 +248,7 @@ def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
     ok, why = supports_chunk(ir)
     if not ok:
         return ok, why
+    ir = kernel_ir(ir)
     try:
         _backward_context(ir, _Emitter(ir), build_plan(ir, BT, BC))
     except (NotImplementedError, ValueError, KeyError) as exc:
@@ -444,6 +443,9 @@ def _context(ir: IR) -> dict:
         nptrs="".join(f", pn_{n}" for n in ir.normalize),
         normalize=list(ir.normalize),
         norm_heads={n: ir.input(n).heads for n in ir.normalize},
+        has_reductions=False,  # render_chunk sets these for a spec with channel reductions
+        ir_source="",
+        reduction_names=[],
     )
     try:
         ctx.update(_backward_context(ir, em, plan))
@@ -588,6 +590,12 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, 
                 raise AssertionError(f"{ir.name}: {d.name} also reads {others}; its chain rule is not elementwise")
             g = f"g_{d.name}"
             role = d.vector
+            if not reading:
+                # no chunk operand reads it (a reduction read only by another reduction): its kernel gradient is
+                # zero, stored once with the first part of its side, so that no buffer is left unwritten
+                host = next(p for p in order if parts[p].side == role)
+                out[host] += [f"{g} = {_ZERO[role]}",
+                              _grad_store(d, g, role, only_if="i_k == 0" if role == "value" else "")]
             for i, p in enumerate(reading):
                 lines = out[p]
                 side = parts[p].side
@@ -672,7 +680,16 @@ def render_chunk(ir: IR) -> str:
     ok, why = supports_chunk(ir)
     if not ok:
         raise NotImplementedError(f"{ir.name}: chunk kernels not available: {why}")
-    ctx = _context(ir)
+    # A spec's channel reductions (sum, l2norm) couple the channels of a side, which the kernels' channel tiles
+    # cannot see whole: the host evaluates them per token before the launches (runtime/reductions.py), the
+    # kernels are generated from the IR in which they are inputs, and the backward carries their gradients to
+    # the spec's inputs through the reductions' explicit adjoints.
+    ctx = _context(kernel_ir(ir))
+    spec_names = {d.name for d in ir.inputs}
+    ctx.update(decls=",\n    ".join(repr(d) for d in ir.inputs), has_reductions=bool(ir.reductions),
+               derived_decls=",\n    ".join(repr(d) for d in kernel_ir(ir).inputs if d.name not in spec_names),
+               ir_text=_ir_comment(ir),
+               ir_source=_py(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
     src = _env().get_template("chunk_module.jinja").render(**ctx)
     src = re.sub(r"[ \t]+\n", "\n", src)
     src = re.sub(r"\n{3,}(?=\S)", "\n\n\n", src)

@@ -572,8 +572,8 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
         raise ValueError(f"chunk_size and sub_chunk must be positive; got {chunk_size}, {sub_chunk}")
     if ir.structure is None:
         raise ValueError(f"{ir.name}: the IR has no Structure; run compiler.ir.analyse first")
-    # A spec's channel reductions enter the plan as per-token inputs (no package runs such a plan: the
-    # chunk kernels decline them, codegen/chunk.py: supports_chunk; the plan interpreter does run it).
+    # A spec's channel reductions enter the plan as per-token inputs: the package evaluates them on the host
+    # before the launches (codegen/chunk.py: render_chunk; runtime/reductions.py).
     b = _Builder(kernel_ir(ir), chunk_size, sub_chunk)
     for rule in STAGE_RULES:
         rule(b)

@@ -33,7 +33,9 @@ TOL_BF16 = 2e-2
 
 @functools.cache
 def load(name: str) -> dgps.Recurrence:
-    return dgps.load(SPECS_DIR / f"{name}.dgps")
+    path = SPECS_DIR / f"{name}.dgps"
+    # tests/reductions_everything.dgps: every kind of channel reduction in one spec (also in test_reductions.py)
+    return dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps")
 
 
 CHUNK_SPECS = [n for n in ALL_SPECS if supports_chunk(load(n).ir)[0]]
@@ -116,7 +118,15 @@ def test_gradients_fp32(name: str, layout: dict) -> None:
     check_gradients(name, **layout)
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn"])
+@pytest.mark.parametrize("layout", [{"HV": 4}, {"varlen": True}, {}], ids=["gva", "varlen", "plain"])
+def test_gradients_through_channel_reductions(layout: dict) -> None:
+    """sum / l2norm evaluated on the host as derived per-token inputs, their gradients carried back through the
+    reductions' adjoints: nested reductions, a key-head input, a per-head param, a decay, a gain and a value gain."""
+    assert supports_chunk_backward(load("reductions_everything").ir)[0]
+    check_gradients("reductions_everything", **layout)
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "longhorn"])
 def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
 

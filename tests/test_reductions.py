@@ -25,22 +25,7 @@ SPECS = ROOT / "specs"
 
 # A spec that reads every kind of reduction: nested (sum of an l2norm), over key and value channels, over a
 # normalised key, a key-head input and a per-head param, inside a decay, a gain and a vector gain.
-EVERYTHING = """
-recurrence reductions
-  input q, k : key
-  input v    : value
-  input beta : token unit
-  input g    : token log_gate
-  input w    : value_channel
-  input u    : key_channel key_head
-  param p    : key_channel
-  normalize q, k
-  let   n2 = sum(k * k + abs(u))
-  decay scalar(g - 0.1 * sum(l2norm(k * p) * u) ** 2)
-  gain  beta / (1 + beta * n2), value = l2norm(w * v, 0.01)
-  solve delta
-end
-"""
+EVERYTHING = (Path(__file__).resolve().parent / "reductions_everything.dgps").read_text()
 
 
 def test_ir_binds_each_reduction_once_in_dependence_order() -> None:
@@ -122,10 +107,17 @@ def test_input_gradients_through_reductions_equal_autograd() -> None:
         torch.testing.assert_close(g.double(), want[n], rtol=1e-4, atol=1e-5)
 
 
-def test_chunk_path_declines_reductions_with_a_reason() -> None:
+def test_chunk_path_takes_reductions_as_derived_inputs() -> None:
+    """The chunk module of a spec with reductions declares the kernels' derived inputs apart from the spec's
+    (check_inputs sees only the spec's); tests/test_chunk_backward.py checks its gradients."""
+    from dgps.codegen.chunk import render_chunk
+
     for ir in (dgps.load(EVERYTHING).ir, dgps.load(SPECS / "longhorn.dgps").ir):
-        ok, why = supports_chunk(ir)
-        assert not ok and "channel reduction" in why
+        assert supports_chunk(ir) == (True, "")
+        src = render_chunk(ir)
+        assert "x.update(derived_inputs(IR, x, dims))" in src and "derived_input_grads(IR" in src
+        for r in ir.reductions:
+            assert f"TensorDecl(name='{r.name}'" in src.split("derived = (")[1].split(")\n")[0]
 
 
 def _max_state(text: str, T: int, seed: int = 0) -> float:
@@ -158,7 +150,7 @@ def test_longhorn_state_stays_bounded_over_long_inputs() -> None:
     assert _max_state((SPECS / "longhorn.dgps").read_text(), 400) < 50.0
 
 
-@pytest.mark.parametrize("spec", ["rwkv7_dplr", "longhorn", "exact_atq", "exact_atk"])
+@pytest.mark.parametrize("spec", ["rwkv7_dplr", "exact_atq", "exact_atk"])
 def test_show_plan_says_the_package_runs_the_recurrent_kernels(spec: str) -> None:
     out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / f"{spec}.dgps"), "--stage", "plan"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -168,7 +160,8 @@ def test_show_plan_says_the_package_runs_the_recurrent_kernels(spec: str) -> Non
     assert why in first
 
 
-def test_show_plan_of_a_chunked_spec_is_the_chunk_plan() -> None:
-    out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / "gdn.dgps"), "--stage", "plan"],
+@pytest.mark.parametrize("spec", ["gdn", "longhorn"])
+def test_show_plan_of_a_chunked_spec_is_the_chunk_plan(spec: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / f"{spec}.dgps"), "--stage", "plan"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "recurrent kernels" not in out.splitlines()[0]

@@ -60,8 +60,10 @@ class _Spec:
     read = ReadCorrection(kind="curvature", centered=True)
     scale = None
 
+    derived = ()
+
     def input(self, name):
-        for d in self.inputs:
+        for d in self.inputs + self.derived:
             if d.name == name:
                 return d
         raise KeyError(name)
@@ -1440,7 +1442,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
             g = g.reshape(B, T, HV, *lasts[n])
             if d.heads == "key":
                 g = _group_sum(g, 2, H, HV)
-        grads[n] = g.to(x[n].dtype)
+        grads[n] = g
+    grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
     dstates["C"] = _group_sum(bufs["dc0"].reshape(N, HV, DK, DK), 1, H, HV)
     dstates["m"] = _group_sum(bufs["dm0"].reshape(N, HV, DK), 1, H, HV)

@@ -1,6 +1,6 @@
 """Recurrence `longhorn`, compiled by dgps 0.1.0 from spec.dgps. Generated: do not edit.
 
-    dgps.generated.longhorn.forward(...)    the forward pass (recurrent kernels), FLA layout [B, T, heads, channel]
+    dgps.generated.longhorn.forward(...)    the forward pass (chunked kernels), FLA layout [B, T, heads, channel]
     dgps.generated.longhorn.decode(...)     single/few-step recurrent kernel that updates the states in place
     dgps.generated.longhorn.reference(...)  the float64-capable sequential reference derived from the same spec
 """
@@ -20,6 +20,7 @@ from dgps.runtime.reference import reference as _reference
 from dgps.runtime.tensors import check_cu_seqlens, check_inputs
 
 from . import backward, recurrent
+from . import chunk
 
 _HERE = Path(__file__).resolve().parent
 SPEC_TEXT = (_HERE / "spec.dgps").read_text()
@@ -45,9 +46,10 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tenso
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
                  scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
     """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
-    # No chunk form emitted: channel reduction (sum(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
-    return recurrent.recurrent_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
-                                       scale=scale), []
+    if keep:
+        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale)
+    return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+                               scale=scale), []
 
 
 # The forward and backward kernels are registered as custom ops, so autograd and
@@ -80,6 +82,9 @@ def _(
     outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S,)]
     if ROUTE != "none":
         outs.append(q.new_empty(v.shape))
+    if keep:
+        B, T, H, DK = q.shape
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device)
     return outs
 
 
@@ -93,10 +98,9 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    # No chunked backward emitted: channel reduction (sum(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
-    g_in, g_state = backward.recurrent_backward(
+    g_in, g_state = chunk.chunk_backward(
         {"q": q, "k": k, "v": v, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
 
     )
     return [g_in[n] for n in INPUTS] + [g_state[s] if s in g_state else torch.zeros_like(t)
@@ -154,7 +158,7 @@ def forward(
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
-    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
+    Differentiable with respect to every input, param and initial state (chunked backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v, beta))
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -167,7 +171,7 @@ def forward(
         scale = IR.scale if IR.scale is not None else dims.dk ** -0.5
     tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
     # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
-    keep = False and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    keep = True and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     try:
         outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
     except (RuntimeError, ValueError):

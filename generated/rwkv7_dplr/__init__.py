@@ -45,7 +45,7 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, 
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
                  scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
     """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
-    # No chunk form emitted: channel reduction (l2norm(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
+    # No chunk form emitted: untied DPLR solve (f != w): needs four interaction matrices; not generated
     return recurrent.recurrent_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
                                        scale=scale), []
 
@@ -93,7 +93,7 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    # No chunked backward emitted: channel reduction (l2norm(...)): the chunk kernels evaluate spec expressions elementwise per channel tile, so a reduction over dk or dv is not generated; the recurrent kernels compute it
+    # No chunked backward emitted: untied DPLR solve (f != w): needs four interaction matrices; not generated
     g_in, g_state = backward.recurrent_backward(
         {"q": q, "k": k, "v": v, "w": w, "kappa": kappa, "iclr": iclr}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
         cu_seqlens=cu_seqlens, scale=scale,

@@ -56,8 +56,10 @@ class _Spec:
     read = ReadCorrection(kind="none", centered=True)
     scale = None
 
+    derived = ()
+
     def input(self, name):
-        for d in self.inputs:
+        for d in self.inputs + self.derived:
             if d.name == name:
                 return d
         raise KeyError(name)
@@ -969,7 +971,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
             g = g.reshape(B, T, HV, *lasts[n])
             if d.heads == "key":
                 g = _group_sum(g, 2, H, HV)
-        grads[n] = g.to(x[n].dtype)
+        grads[n] = g
+    grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n: g.to(initial_state[n].dtype) if n in initial_state else g for n, g in dstates.items()}
