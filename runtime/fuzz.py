@@ -52,7 +52,13 @@ _SQUASH = ("tanh", "sigmoid", "softsign")
 def _free_expr(draw: st.DrawFn, b: _Builder, side: str, depth: int = 2) -> str:
     """A bounded-range expression of free inputs/params on one side (token, key, value)."""
     role = {"token": "token", "key": "key_channel", "value": "value_channel"}[side]
-    kind = draw(st.sampled_from(["input", "param", "squash", "affine"] if depth > 0 else ["input", "param"]))
+    kind = draw(st.sampled_from(["input", "param", "squash", "affine", "reduce"] if depth > 0 else ["input", "param"]))
+    if kind == "reduce":
+        # channel reductions: a bounded token-level sum of a key- or value-side expression, or a unit vector
+        if side == "token":
+            over = draw(st.sampled_from(["key", "value"]))
+            return f"tanh(0.25 * sum({draw(_free_expr(b, over, depth - 1))}))"
+        return f"l2norm({draw(_free_expr(b, side, depth - 1))}, 0.01)"
     if kind == "input":
         return b.input(f"x{side[0]}{draw(st.integers(0, 1))}", f"{role} free")
     if kind == "param":
@@ -108,6 +114,10 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
     solve = draw(st.sampled_from(solves))
     if solve == "erase_write":
         b.slots.append(f"gain key = {draw(_unit(b, 'key'))}, value = {draw(_unit(b, 'value'))}")
+    elif solve == "delta" and draw(st.booleans()):
+        # Longhorn's write gain β / (1 + β‖k‖²): a reduction over the (possibly unnormalised) key
+        beta = draw(_unit(b))
+        b.slots.append(f"gain {beta} / (1 + {beta} * sum(k * k))")
     elif draw(st.booleans()):
         b.slots.append(f"gain {draw(_unit(b))}")
     precond = "none"
