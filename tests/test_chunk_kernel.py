@@ -30,7 +30,7 @@ SPECS = Path(__file__).resolve().parents[1] / "specs"
 FULL = ["la", "simple_gla", "gdn", "gla", "kda", "pgdn", "ccq_gdn"]
 ALSO = ["retnet", "mamba2", "deltanet", "gdn_fused_gate", "clvr_gdn", "cler_h_gdn", "gdn2", "clvr_kda",
         "cler_h_kda", "pdn", "pkda", "ccq_gla", "ccq_gla_uncentered", "ccq_gdn_uncentered"]
-UNSUPPORTED = ["rwkv7_dplr", "exact_atk", "exact_atq", "longhorn"]  # untied DPLR, exact precond, a reduction
+UNSUPPORTED = ["rwkv7_dplr", "exact_atk", "exact_atq"]  # untied DPLR, exact precond
 
 # AOT (Hopper, sm_90) compile: a subset by default (compiling is ~10-40 s per kernel set); every
 # supported spec with DGPS_AOT_ALL=1.
