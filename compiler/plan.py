@@ -556,7 +556,11 @@ _STATE_OPERANDS = {"S": ("S0", "[N,HV,dk,dv]"), "A": ("A0", None), "P": ("P0", "
 
 
 def plan_inputs(ir: IR) -> tuple[Operand, ...]:
+    """The plan's inputs: the spec's, each channel reduction as the fp32 per-token input the host derives before
+    the launches (runtime/reductions.py), then the initial states."""
     ins = [Operand(d.name, d.shape_text().replace(" ", ""), "in") for d in ir.inputs]
+    ins += [Operand(r.name, _shape("B", "T", "HV", *(() if r.op == "sum" else ("dk" if r.side == "key" else "dv",))),
+                    "fp32") for r in ir.reductions]
     for st in ir.state_names:
         name, shape = _STATE_OPERANDS[st]
         if st == "A":
@@ -594,7 +598,7 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     order = ("o", "route", "S", "A", "P", "C", "m", "n")
     outputs = tuple((k, b.outputs[k]) for k in order if k in b.outputs)
     parts, elementwise = _grad_parts(ir)
-    plan = Plan(ir.name, g, plan_inputs(kernel_ir(ir)), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts,
+    plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts,
                 elementwise)
     typecheck(plan)
     return plan
