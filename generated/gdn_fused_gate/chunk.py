@@ -662,9 +662,10 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1
@@ -721,9 +722,10 @@ def chunk_bwd_state_kernel(
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
+            # rows as t0 + o_t (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
-            m_r = rows < eos
+            m_r = o_t < eos - t0
             m_rv = m_r[:, None] & m_v[None, :]
             p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
             last = t0 + tl.minimum(eos - t0, BT) - 1

@@ -717,8 +717,7 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
@@ -783,8 +782,7 @@ def chunk_bwd_state_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
             b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, summed over the key blocks in the matmul
-            # accumulator
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
