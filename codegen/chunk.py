@@ -57,7 +57,7 @@ from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints
 from .address import ROWS, row_offset
 from .decay import decay_hook
-from .recurrent import _py
+from .ir_source import ir_source
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -689,7 +689,7 @@ def render_chunk(ir: IR) -> str:
     ctx.update(decls=",\n    ".join(repr(d) for d in ir.inputs), has_reductions=bool(ir.reductions),
                derived_decls=",\n    ".join(repr(d) for d in kernel_ir(ir).inputs if d.name not in spec_names),
                ir_text=_ir_comment(ir),
-               ir_source=_py(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
+               ir_source=ir_source(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
     src = _env().get_template("chunk_module.jinja").render(**ctx)
     src = re.sub(r"[ \t]+\n", "\n", src)
     src = re.sub(r"\n{3,}(?=\S)", "\n\n\n", src)

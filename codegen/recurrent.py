@@ -29,15 +29,14 @@ with the same rules as the reference and needs no spec at import time.
 from __future__ import annotations
 
 import dataclasses
-import re
 from functools import cache
 
 import jinja2
 import sympy as sp
 
-from ..compiler import exprs as _exprs
 from ..compiler import ir as _irmod
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
+from .ir_source import ir_source
 from .triton_expr import triton_expr
 
 # Square statistics (P, C) live in registers as [BK, BK] fp32 tiles: fine up to dk = 128.
@@ -59,61 +58,6 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-
-
-# --- the IR as Python source ----------------------------------------------------------------------
-_IR_CLASSES = {c.__name__ for c in (_irmod.IR, _irmod.TensorDecl, _irmod.Decay, _irmod.DiagPrecond, _irmod.Precond,
-                                    _irmod.Solve, _irmod.ReadCorrection, _irmod.Reduction)}
-
-
-def _serialised(value: object, field_name: str) -> bool:
-    """The fields a module's IR source spells out: not the derived structure, nor an empty reduction list (so
-    specs without reductions render as before)."""
-    return field_name != "structure" and not (field_name == "reductions" and not getattr(value, field_name))
-
-
-_CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
-
-
-def _qualify_srepr(text: str) -> str:
-    """Prefix the constructors in a srepr string with their module: dgps' functions or sympy."""
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if isinstance(getattr(_exprs, name, None), type) and issubclass(getattr(_exprs, name), sp.Function):
-            return f"_fx.{name}("
-        if not hasattr(sp, name):
-            raise RecurrentCodegenError(f"cannot serialise sympy node {name!r}")
-        return f"_sp.{name}("
-    return _CALL.sub(sub, text)
-
-
-def _py(value: object, indent: int = 0) -> str:
-    """Python source that rebuilds `value` (an IR dataclass, tuple, sympy expression or literal)."""
-    flat = _py_flat(value)
-    if indent + len(flat) <= 120 or not (isinstance(value, tuple) or dataclasses.is_dataclass(value)):
-        return flat
-    pad = " " * (indent + 4)
-    if isinstance(value, tuple):
-        items = [f"{pad}{_py(v, indent + 4)}," for v in value]
-        return "(\n" + "\n".join(items) + "\n" + " " * indent + ")"
-    parts = [f"{pad}{f.name}={_py(getattr(value, f.name), indent + 4)},"
-             for f in dataclasses.fields(value) if _serialised(value, f.name)]  # type: ignore[arg-type]
-    return f"_ir.{type(value).__name__}(\n" + "\n".join(parts) + "\n" + " " * indent + ")"
-
-
-def _py_flat(value: object) -> str:
-    if dataclasses.is_dataclass(value) and type(value).__name__ in _IR_CLASSES:
-        args = ", ".join(f"{f.name}={_py_flat(getattr(value, f.name))}"
-                         for f in dataclasses.fields(value) if _serialised(value, f.name))  # type: ignore[arg-type]
-        return f"_ir.{type(value).__name__}({args})"
-    if isinstance(value, tuple):
-        inner = ", ".join(_py_flat(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, sp.Basic):
-        return _qualify_srepr(sp.srepr(value))
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    raise RecurrentCodegenError(f"cannot serialise {type(value).__name__} in the IR")
 
 
 # --- kernel context ---------------------------------------------------------------------------------
@@ -226,7 +170,7 @@ def _context(spec_ir: IR) -> dict[str, object]:
     ctx: dict[str, object] = {
         "name": ir.name,
         "kernel": f"{ir.name}_recurrent_fwd_kernel",
-        "ir_source": _py(spec_ir),
+        "ir_source": ir_source(spec_ir),
         "ir_text": _irmod.format_ir(dataclasses.replace(spec_ir, structure=s)),
         "has_reductions": bool(spec_ir.reductions),
         "kir": "KERNEL_IR" if spec_ir.reductions else "IR",

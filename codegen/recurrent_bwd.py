@@ -22,16 +22,15 @@ their value-head group, params over batch and time). No atomics.
 from __future__ import annotations
 
 import dataclasses
-import re
 from functools import cache
 
 import jinja2
 import sympy as sp
 
-from ..compiler import exprs as _exprs
 from ..compiler import ir as _irmod
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
+from .ir_source import ir_source
 from .triton_expr_bwd import triton_expr_bwd
 
 MAX_DK = 256
@@ -55,45 +54,6 @@ def _env() -> jinja2.Environment:
 
 
 # --- the IR as Python source (the module checks its inputs with the same rules as the reference) ---------
-_IR_CLASSES = ("IR", "TensorDecl", "Decay", "DiagPrecond", "Precond", "Solve", "ReadCorrection", "Reduction")
-
-
-def _serialised(value: object, field_name: str) -> bool:
-    """The fields a module's IR source spells out: not the derived structure, nor an empty reduction list (so
-    specs without reductions render as before)."""
-    return field_name != "structure" and not (field_name == "reductions" and not getattr(value, field_name))
-
-
-_CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
-
-
-def _qualify(text: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
-        obj = getattr(_exprs, name, None)
-        if isinstance(obj, type) and issubclass(obj, sp.Function):
-            return f"_fx.{name}("
-        if not hasattr(sp, name):
-            raise RecurrentBackwardCodegenError(f"cannot serialise sympy node {name!r}")
-        return f"_sp.{name}("
-    return _CALL.sub(sub, text)
-
-
-def _py(value: object) -> str:
-    if dataclasses.is_dataclass(value) and type(value).__name__ in _IR_CLASSES:
-        args = ",\n    ".join(f"{f.name}={_py(getattr(value, f.name))}"
-                              for f in dataclasses.fields(value) if _serialised(value, f.name))  # type: ignore[arg-type]
-        return f"_ir.{type(value).__name__}(\n    {args})"
-    if isinstance(value, tuple):
-        inner = ", ".join(_py(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, sp.Basic):
-        return _qualify(sp.srepr(value))
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    raise RecurrentBackwardCodegenError(f"cannot serialise {type(value).__name__} in the IR")
-
-
 # --- expressions ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Part:
@@ -347,7 +307,7 @@ def _context(spec_ir: IR) -> dict[str, object]:
         "offsets_lean": offsets_lean,
         "lean_gates": [g for g in gates if g[0] != "v_ek"],
         "kernel": f"{ir.name}_recurrent_bwd_kernel",
-        "ir_source": _py(spec_ir),
+        "ir_source": ir_source(spec_ir),
         "ir_text": _irmod.format_ir(dataclasses.replace(spec_ir, structure=s)),
         "has_reductions": bool(spec_ir.reductions),
         "kir": "KERNEL_IR" if spec_ir.reductions else "IR",

@@ -40,58 +40,32 @@ from dgps.runtime import announce_interpreter
 announce_interpreter()
 IR = _ir.IR(
     name='deltanet',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='beta',
-    role='token',
-    is_param=False,
-    heads='value',
-    domain='unit',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='beta', role='token', is_param=False, heads='value', domain='unit', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=None,
-    decay=_ir.Decay(
-    kind='none',
-    log_gate=None),
-    precond=_ir.Precond(
-    kind='none',
-    placement=None,
-    diag=None,
-    lam=None),
+    decay=_ir.Decay(kind='none', log_gate=None),
+    precond=_ir.Precond(kind='none', placement=None, diag=None, lam=None),
     solve=_ir.Solve(
-    kind='delta',
-    spelled='delta',
-    beta=_sp.Symbol('beta', positive=True),
-    target=_sp.Symbol('v', real=True),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=_sp.Symbol('k', real=True),
-    e=None,
-    f=None,
-    erase_reads='decayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='delta',
+        spelled='delta',
+        beta=_sp.Symbol('beta', positive=True),
+        target=_sp.Symbol('v', real=True),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=_sp.Symbol('k', real=True),
+        e=None,
+        f=None,
+        erase_reads='decayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
-    lets=())
+    lets=(),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 
 INPUT_NAMES = ["q", "k", "v", "beta"]

@@ -39,52 +39,31 @@ from dgps.runtime import announce_interpreter
 announce_interpreter()
 IR = _ir.IR(
     name='exact_atq',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=None,
-    decay=_ir.Decay(
-    kind='none',
-    log_gate=None),
-    precond=_ir.Precond(
-    kind='exact',
-    placement='query',
-    diag=None,
-    lam=1.0),
+    decay=_ir.Decay(kind='none', log_gate=None),
+    precond=_ir.Precond(kind='exact', placement='query', diag=None, lam=1.0),
     solve=_ir.Solve(
-    kind='additive',
-    spelled='additive',
-    beta=_sp.Integer(1),
-    target=_sp.Symbol('v', real=True),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=None,
-    e=None,
-    f=None,
-    erase_reads='decayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='additive',
+        spelled='additive',
+        beta=_sp.Integer(1),
+        target=_sp.Symbol('v', real=True),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=None,
+        e=None,
+        f=None,
+        erase_reads='decayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
-    lets=())
+    lets=(),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 
 INPUT_NAMES = ["q", "k", "v"]

@@ -42,70 +42,34 @@ from dgps.runtime import announce_interpreter
 announce_interpreter()
 IR = _ir.IR(
     name='gdn2',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='g',
-    role='key_channel',
-    is_param=False,
-    heads='value',
-    domain='log_gate',
-    default=None), _ir.TensorDecl(
-    name='b',
-    role='key_channel',
-    is_param=False,
-    heads='value',
-    domain='unit',
-    default=None), _ir.TensorDecl(
-    name='w',
-    role='value_channel',
-    is_param=False,
-    heads='value',
-    domain='unit',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='g', role='key_channel', is_param=False, heads='value', domain='log_gate', default=None),
+        _ir.TensorDecl(name='b', role='key_channel', is_param=False, heads='value', domain='unit', default=None),
+        _ir.TensorDecl(name='w', role='value_channel', is_param=False, heads='value', domain='unit', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=None,
-    decay=_ir.Decay(
-    kind='vector',
-    log_gate=_sp.Symbol('g', nonpositive=True, real=True)),
-    precond=_ir.Precond(
-    kind='none',
-    placement=None,
-    diag=None,
-    lam=None),
+    decay=_ir.Decay(kind='vector', log_gate=_sp.Symbol('g', nonpositive=True, real=True)),
+    precond=_ir.Precond(kind='none', placement=None, diag=None, lam=None),
     solve=_ir.Solve(
-    kind='delta',
-    spelled='erase_write',
-    beta=_sp.Integer(1),
-    target=_sp.Mul(_sp.Symbol('v', real=True), _sp.Symbol('w', positive=True)),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=_sp.Mul(_sp.Symbol('b', positive=True), _sp.Symbol('k', real=True)),
-    e=None,
-    f=None,
-    erase_reads='decayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='delta',
+        spelled='erase_write',
+        beta=_sp.Integer(1),
+        target=_sp.Mul(_sp.Symbol('v', real=True), _sp.Symbol('w', positive=True)),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=_sp.Mul(_sp.Symbol('b', positive=True), _sp.Symbol('k', real=True)),
+        e=None,
+        f=None,
+        erase_reads='decayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
-    lets=())
+    lets=(),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 
 INPUT_NAMES = ["q", "k", "v", "g", "b", "w"]

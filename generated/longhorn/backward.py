@@ -42,64 +42,41 @@ from dgps.runtime.reductions import derived_input_grads, derived_inputs, kernel_
 announce_interpreter()
 IR = _ir.IR(
     name='longhorn',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='beta',
-    role='token',
-    is_param=False,
-    heads='value',
-    domain='positive',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='beta', role='token', is_param=False, heads='value', domain='positive', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=None,
-    decay=_ir.Decay(
-    kind='none',
-    log_gate=None),
-    precond=_ir.Precond(
-    kind='none',
-    placement=None,
-    diag=None,
-    lam=None),
+    decay=_ir.Decay(kind='none', log_gate=None),
+    precond=_ir.Precond(kind='none', placement=None, diag=None, lam=None),
     solve=_ir.Solve(
-    kind='delta',
-    spelled='delta',
-    beta=_sp.Mul(_sp.Symbol('beta', positive=True), _sp.Pow(_sp.Add(_sp.Mul(_sp.Symbol('beta', positive=True), _sp.Symbol('sum_0', nonnegative=True, real=True)), _sp.Integer(1)), _sp.Integer(-1))),
-    target=_sp.Symbol('v', real=True),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=_sp.Symbol('k', real=True),
-    e=None,
-    f=None,
-    erase_reads='decayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='delta',
+        spelled='delta',
+        beta=_sp.Mul(_sp.Symbol('beta', positive=True), _sp.Pow(_sp.Add(_sp.Mul(_sp.Symbol('beta', positive=True), _sp.Symbol('sum_0', nonnegative=True, real=True)), _sp.Integer(1)), _sp.Integer(-1))),
+        target=_sp.Symbol('v', real=True),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=_sp.Symbol('k', real=True),
+        e=None,
+        f=None,
+        erase_reads='decayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
     lets=(),
-    reductions=(_ir.Reduction(
-    name='sum_0',
-    op='sum',
-    arg=_sp.Pow(_sp.Symbol('k', real=True), _sp.Integer(2)),
-    side='key',
-    eps=0.0),))
+    reductions=(
+        _ir.Reduction(
+            name='sum_0',
+            op='sum',
+            arg=_sp.Pow(_sp.Symbol('k', real=True), _sp.Integer(2)),
+            side='key',
+            eps=0.0,
+        ),
+    ),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 # The spec's channel reductions reach the kernel as derived per-token inputs, computed by the wrapper
 # (dgps.runtime.reductions); KERNEL_IR declares them.

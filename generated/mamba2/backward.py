@@ -42,70 +42,37 @@ from dgps.runtime import announce_interpreter
 announce_interpreter()
 IR = _ir.IR(
     name='mamba2',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='a',
-    role='token',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='A_log',
-    role='head',
-    is_param=True,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='dt_bias',
-    role='head',
-    is_param=True,
-    heads='value',
-    domain='free',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='a', role='token', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='A_log', role='head', is_param=True, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='dt_bias', role='head', is_param=True, heads='value', domain='free', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=1.0,
     decay=_ir.Decay(
-    kind='scalar',
-    log_gate=_sp.Mul(_sp.Integer(-1), _sp.exp(_sp.Symbol('A_log', real=True)), _fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True))))),
-    precond=_ir.Precond(
-    kind='none',
-    placement=None,
-    diag=None,
-    lam=None),
+        kind='scalar',
+        log_gate=_sp.Mul(_sp.Integer(-1), _sp.exp(_sp.Symbol('A_log', real=True)), _fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True)))),
+    ),
+    precond=_ir.Precond(kind='none', placement=None, diag=None, lam=None),
     solve=_ir.Solve(
-    kind='additive',
-    spelled='additive',
-    beta=_fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True))),
-    target=_sp.Symbol('v', real=True),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=None,
-    e=None,
-    f=None,
-    erase_reads='decayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='additive',
+        spelled='additive',
+        beta=_fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True))),
+        target=_sp.Symbol('v', real=True),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=None,
+        e=None,
+        f=None,
+        erase_reads='decayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
-    lets=(('dt', _fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True)))),))
+    lets=(('dt', _fx.softplus(_sp.Add(_sp.Symbol('a', real=True), _sp.Symbol('dt_bias', real=True)))),),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 
 INPUT_NAMES = ["q", "k", "v", "a", "A_log", "dt_bias"]

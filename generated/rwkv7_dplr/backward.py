@@ -44,76 +44,35 @@ from dgps.runtime.reductions import derived_input_grads, derived_inputs, kernel_
 announce_interpreter()
 IR = _ir.IR(
     name='rwkv7_dplr',
-    inputs=(_ir.TensorDecl(
-    name='q',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='k',
-    role='key',
-    is_param=False,
-    heads='key',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='v',
-    role='value',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='w',
-    role='key_channel',
-    is_param=False,
-    heads='value',
-    domain='log_gate',
-    default=None), _ir.TensorDecl(
-    name='kappa',
-    role='key_channel',
-    is_param=False,
-    heads='value',
-    domain='free',
-    default=None), _ir.TensorDecl(
-    name='iclr',
-    role='key_channel',
-    is_param=False,
-    heads='value',
-    domain='unit',
-    default=None)),
+    inputs=(
+        _ir.TensorDecl(name='q', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='k', role='key', is_param=False, heads='key', domain='free', default=None),
+        _ir.TensorDecl(name='v', role='value', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='w', role='key_channel', is_param=False, heads='value', domain='log_gate', default=None),
+        _ir.TensorDecl(name='kappa', role='key_channel', is_param=False, heads='value', domain='free', default=None),
+        _ir.TensorDecl(name='iclr', role='key_channel', is_param=False, heads='value', domain='unit', default=None),
+    ),
     normalize=(),
     norm_eps=1e-06,
     scale=1.0,
-    decay=_ir.Decay(
-    kind='vector',
-    log_gate=_sp.Symbol('w', nonpositive=True, real=True)),
-    precond=_ir.Precond(
-    kind='none',
-    placement=None,
-    diag=None,
-    lam=None),
+    decay=_ir.Decay(kind='vector', log_gate=_sp.Symbol('w', nonpositive=True, real=True)),
+    precond=_ir.Precond(kind='none', placement=None, diag=None, lam=None),
     solve=_ir.Solve(
-    kind='dplr',
-    spelled='dplr',
-    beta=_sp.Integer(1),
-    target=_sp.Symbol('v', real=True),
-    write_key=_sp.Symbol('k', real=True),
-    erase_key=None,
-    e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('l2norm_0', real=True)),
-    f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('l2norm_0', real=True)),
-    erase_reads='undecayed'),
-    read=_ir.ReadCorrection(
-    kind='none',
-    lam=None,
-    centered=True),
+        kind='dplr',
+        spelled='dplr',
+        beta=_sp.Integer(1),
+        target=_sp.Symbol('v', real=True),
+        write_key=_sp.Symbol('k', real=True),
+        erase_key=None,
+        e=_sp.Mul(_sp.Integer(-1), _sp.Symbol('l2norm_0', real=True)),
+        f=_sp.Mul(_sp.Symbol('iclr', positive=True), _sp.Symbol('l2norm_0', real=True)),
+        erase_reads='undecayed',
+    ),
+    read=_ir.ReadCorrection(kind='none', lam=None, centered=True),
     route='none',
     lets=(('khat', _sp.Symbol('l2norm_0', real=True)),),
-    reductions=(_ir.Reduction(
-    name='l2norm_0',
-    op='l2norm',
-    arg=_sp.Symbol('kappa', real=True),
-    side='key',
-    eps=1e-06),))
+    reductions=(_ir.Reduction(name='l2norm_0', op='l2norm', arg=_sp.Symbol('kappa', real=True), side='key', eps=1e-06),),
+)
 IR = dataclasses.replace(IR, structure=_ir.analyse(IR))
 # The spec's channel reductions reach the kernel as derived per-token inputs, computed by the wrapper
 # (dgps.runtime.reductions); KERNEL_IR declares them.
