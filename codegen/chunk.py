@@ -344,8 +344,10 @@ class _Emitter:
         out: list[str] = []
         names = {}
         if rows == ROWS and not isinstance(expr, sp.Symbol):
-            # an expression of several loaded tiles: their hoisted int32 offset tiles would stay live across a loop
-            # over chunks (pgdn's state pass: 227 registers → 255 + 48 B spill), so absolute rows
+            # an expression reads several tiles, and each would keep its own hoisted int32 offset tile live across
+            # a loop over chunks: absolute rows. (Added while chasing pgdn's spill, which this alone did not cure:
+            # 255 registers + 40 B either way; lean loads off under a PDN statistic did. Shipped, and timed in
+            # runs 17-18, with this rule in place.)
             rows = "rows"
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
@@ -479,17 +481,16 @@ def _diff(expr: sp.Expr, name: str) -> sp.Expr:
     return sp.together(diff_by_name(expr, name))
 
 
-def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only_if: str = "",
-         rows: str = ROWS) -> str:
+def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only_if: str = "") -> str:
     """Load a token-level adjoint tile; `only_if`: a per-program condition (a scalar: combined through tl.where,
     since Triton 3.9's interpreter rejects a vector mask `&` a scalar)."""
     def mask(m: str) -> str:
         return f"tl.where({only_if}, {m}, False)" if only_if else m
 
     if side is None:
-        return f"tl.load({buf} + {row_offset(rows, heads, head)}, mask={mask('m_r')}, other=0.)"
+        return f"tl.load({buf} + {row_offset(ROWS, heads, head)}, mask={mask('m_r')}, other=0.)"
     dim, o, m = ("DK", "o_k", "m_rk") if side == "key" else ("DV", "o_v", "m_rv")
-    return f"tl.load({buf} + {row_offset(rows, heads, head, dim, o)}, mask={mask(m)}, other=0.)"
+    return f"tl.load({buf} + {row_offset(ROWS, heads, head, dim, o)}, mask={mask(m)}, other=0.)"
 
 
 def _key_partials(var: str, buf: str) -> str:
@@ -684,10 +685,11 @@ def render_chunk(ir: IR) -> str:
     # cannot see whole: the host evaluates them per token before the launches (runtime/reductions.py), the
     # kernels are generated from the IR in which they are inputs, and the backward carries their gradients to
     # the spec's inputs through the reductions' explicit adjoints.
-    ctx = _context(kernel_ir(ir))
+    kir = kernel_ir(ir)
+    ctx = _context(kir)
     spec_names = {d.name for d in ir.inputs}
     ctx.update(decls=",\n    ".join(repr(d) for d in ir.inputs), has_reductions=bool(ir.reductions),
-               derived_decls=",\n    ".join(repr(d) for d in kernel_ir(ir).inputs if d.name not in spec_names),
+               derived_decls=",\n    ".join(repr(d) for d in kir.inputs if d.name not in spec_names),
                ir_text=_ir_comment(ir),
                ir_source=ir_source(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
     src = _env().get_template("chunk_module.jinja").render(**ctx)

@@ -346,7 +346,8 @@ def chunk_state_pass_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = 0
         while i_tc < n_tc:
-            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
@@ -396,7 +397,8 @@ def chunk_state_pass_kernel(
     else:
         # a for loop, so that Triton software-pipelines the loads of the next chunk
         for i_tc in range(0, n_tc):
-            # rows as t0 + o_t: the 64-bit part is one scalar, the tile offsets are int32 and loop-invariant
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
@@ -573,7 +575,7 @@ def chunk_bwd_state_kernel(
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
-            # rows as t0 + o_t (see the forward state pass)
+            # em.rows (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
@@ -626,7 +628,7 @@ def chunk_bwd_state_kernel(
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
-            # rows as t0 + o_t (see the forward state pass)
+            # em.rows (see the forward state pass)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
