@@ -25,7 +25,7 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
           "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
-          "bwd_grads": "chunk_bwd_grad_kernel",
+          "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
           "bwd_curvature_query": "chunk_bwd_curvature_query_kernel"}
 
@@ -43,6 +43,8 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "bwd_state": itertools.product([full], [32, 64], [4], [1, 2, 3]),  # BV 16 faulted (run 2)
         "bwd_local_values": itertools.product([64, full], [32, 64, full], [4, 8], [1, 2]),
         "bwd_grads": itertools.product([32, 64, full], [32, 64], [4, 8], [1, 2]),
+        "bwd_scores": itertools.product([64], [32, 64], [4, 8], [1, 2]),
+        "bwd_intra": itertools.product([16, 32, 64], [64], [2, 4, 8], [1]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
         # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
         "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),

@@ -31,9 +31,13 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
     bwd_local_values     per chunk: dU_local = scale (Q̂⋆A)ᵀdO (− L'ᵀdR), the part of dU without carried state
     bwd_state_pass       reverse over chunks: dU = dU_local + (A⊙e^{b_c−B}) dH_{n+1},
                          dH_n = e^{b_c} dH_{n+1} + scale (Q̂⊙e^B)ᵀ dO − Wᵀ dU (+ residual-route terms)
+    bwd_scores           per-channel decay: the score matrices' gradients dS, dL' (and dβ's c×c share), once
+                         per chunk and head, to memory
+    bwd_intra            per-channel decay: the pair gradients of the decayed scores on 16×16 sub-blocks (one
+                         reference per off-diagonal block, hierarchical references inside diagonal blocks)
     bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
-                         (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; decayed score pairs with
-                         hierarchical sub-chunk references; dg = reverse cumsum of db)
+                         (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; scalar-decay score pairs as masked
+                         matmuls, per-channel pairs from bwd_intra; dg = reverse cumsum of db)
     bwd_curvature_query  CCQ: reverse over chunks with a dk×dk carry (anti-causal linear attention)
     bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
     bwd_inputs           the chain rule to every input and param (sympy derivatives), L2-norm backward
@@ -176,6 +180,8 @@ BACKWARD_RULES = {
     "bwd_local_values": Launch("bwd_local_values", "chunk_bwd_local_values_kernel", "output",
                                "chunk_bwd_local_values.jinja"),
     "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state", "chunk_bwd_state.jinja"),
+    "bwd_scores": Launch("bwd_scores", "chunk_bwd_scores_kernel", "chunk", "chunk_bwd_scores.jinja"),
+    "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_keys", "chunk_bwd_intra.jinja"),
     "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
     "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv",
                                   "chunk_bwd_curvature_query.jinja"),
@@ -220,6 +226,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
                 bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
+                intra="bwd_intra" in bplan.kinds(),
                 fused_grads=_fused_grad_code(ir, em, fused))
 
 
@@ -432,7 +439,6 @@ def _context(ir: IR) -> dict:
         BT=BT,
         BC=BC,
         NC=BT // BC,
-        levels=[BT >> i for i in range(BT.bit_length() - 1)],  # 64, 32, ..., 2
         sub_levels=[BC >> i for i in range(BC.bit_length() - 1)],  # 16, 8, 4, 2
         RCP_LN2=repr(RCP_LN2),
         q_sym=sp.Symbol("q", real=True),
@@ -453,7 +459,7 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
-                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART})
+                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False)
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))

@@ -57,6 +57,13 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
         # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return max(bk_block, BK // 2), min(32, bv_full), 4, 2
+    if name == "bwd_scores":
+        # one program per chunk and head holds the [BT, BT] score gradients and Ai (per-channel decay only)
+        return bk_block, bv_full, 4, 1
+    if name == "bwd_intra":
+        # [16, BK] tiles and 16×16 blocks. Compile report, kda dk = 128, sm_90: BK 32 / 4 warps 190 registers, no
+        # spill; BK 32 / 2 warps 255 + 136 B spill, BK 16 / 2 warps 255 + 96 B
+        return min(32, BK), bv_full, 4, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":

@@ -632,7 +632,8 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
-BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_grads", "bwd_curvature_query", "bwd_precond_diag", "bwd_inputs")
+BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_grads", "bwd_curvature_query",
+                  "bwd_precond_diag", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -690,6 +691,36 @@ def stored_adjoints(p: Plan) -> tuple[str, ...]:
     return tuple(name for name, reads in p.grad_parts if rest & set(reads) or name in later)
 
 
+def _bwd_scores(p: Plan) -> Stage | None:
+    # Per-channel decay: the score matrices' gradients go to memory once per chunk and head, so that the pair
+    # gradients are formed on 16×16 sub-blocks (bwd_intra) and not as masked 64-wide products in every key block.
+    if p.structure.decay != "vector":
+        return None
+    delta = p.family == "tied"
+    residual = p.structure.route == "residual"
+    outs = [Operand("dSqa", MATRIX, "fp32")]
+    if delta:
+        outs += [Operand("dL", MATRIX, "fp32"), Operand("dbeta_c", "[B,T,HV]", "fp32")]
+    reads = ("state_pass.U",) + (("triangular_solve.T", "interaction.L") if delta else ())
+    form = "dSqa = scale mask(dO U^T)" + ("; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" if delta else "") + \
+        (" - dR U^T" if residual else "") + ("; dbeta_c = sum dY Z + sum dM L'" if delta else "")
+    ins = ("dO", "dU") + (("dR",) if residual else ())
+    return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)))
+
+
+def _bwd_intra(p: Plan) -> Stage | None:
+    if p.structure.decay != "vector":
+        return None
+    delta = p.family == "tied"
+    outs = [Operand("dq_pair", "[B,T,HV,dk]", "fp32"), Operand("da_pair", "[B,T,HV,dk]", "fp32")]
+    if delta:
+        outs.append(Operand("de_pair", "[B,T,HV,dk]", "fp32"))
+    form = "pair gradients of Q*A" + (" and E*-A" if delta else "") + \
+        " on 16x16 sub-blocks: J < I through one reference per block, diagonal blocks by hierarchical references"
+    return Stage("bwd_intra", "bwd_intra", ("dSqa",) + (("dL",) if delta else ()), tuple(outs),
+                 (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
+
+
 def _bwd_grads(p: Plan) -> Stage | None:
     delta = p.family == "tied"
     vec = p.structure.decay == "vector"
@@ -699,21 +730,26 @@ def _bwd_grads(p: Plan) -> Stage | None:
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     if p.structure.decay != "none":
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
-    # L' = E ⋆⁻ A: read back where its decay is per channel (or the residual route keeps it anyway); with a
-    # scalar or no decay each key block re-forms its share, one masked 64×64 product (no kept fp32 L')
-    reads_l = delta and (vec or p.structure.route == "residual")
+    # L' = E ⋆⁻ A: read back where the residual route keeps it anyway; with a scalar or no decay each key block
+    # re-forms its share, one masked 64×64 product (no kept fp32 L'); per-channel decay reads it in bwd_scores
+    reads_l = delta and not vec and p.structure.route == "residual"
     reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.T",) if delta else ()) + \
         (("interaction.L",) if reads_l else ())
-    form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
-        ("score pairs by hierarchical sub-chunk references" if vec else "score pairs as masked matmuls") + \
-        ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+    if vec:  # the c×c parts came from bwd_scores and bwd_intra
+        form = ("dY = Ai^T dU, dZ = beta dY; " if delta else "dZ = beta dU; ") + "adds the pair gradients of bwd_intra" + \
+            "; dg = reverse cumsum of db"
+    else:
+        form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
+            "score pairs as masked matmuls" + ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads), ("key_blocks", "dbeta, dg as partial sums"))
     if p.elementwise_grads:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
-    return Stage("bwd_grads", "bwd_grads", ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ()),
-                 tuple(outs), attrs)
+    ins = ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ())
+    if vec:
+        ins += ("dq_pair", "da_pair") + (("de_pair", "dbeta_c") if delta else ())
+    return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 
 def _bwd_curvature_query(p: Plan) -> Stage | None:
@@ -751,7 +787,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_local_values, _bwd_state_pass, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag, _bwd_inputs,
+    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag,
+    _bwd_inputs,
 )
 
 

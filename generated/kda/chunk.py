@@ -1021,20 +1021,651 @@ def chunk_bwd_state_kernel(
         m_k = o_k < DK
         tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
 
+# ---- backward stage scores (per-channel decay): the gradients of the chunk's score matrices, once per chunk and head -
+#   dS = scale · mask(dO Uᵀ) is the gradient of the output scores Q̂ ⋆ A (j ≤ t); through the WY solve
+#   (M = I + Diag(β)L', Ai = M⁻¹): dY = Aiᵀ dU, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM,
+#   and the c×c share of dβ: Σ_v dY ⊙ Z + Σ_j dM ⊙ L'.
+#   Stored in fp32 as [T, HV, BT] rows: bwd_intra reads them as 16×16 blocks, so the pair gradients under a per-channel
+#   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
+@triton.jit
+def chunk_bwd_scores_kernel(
+    p_v, p_beta, t_buf, l_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, cu_seqlens, chunk_indices, scale,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    m_le = o_t[:, None] >= o_t[None, :]
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+    b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_dm = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dyz = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_rv = m_r[:, None] & m_v[None, :]
+        b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
+        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
+        b_dyz += tl.sum(b_dy * b_z, 1)
+    tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
+    m_lt = o_t[:, None] > o_t[None, :]
+    b_dm = tl.where(m_lt, -b_dm, 0.)
+    b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    tl.store(dbc_buf + rows * HV + i_hv, b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
+    b_dl = b_dm * b_beta[:, None]
+    tl.store(dsl_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], b_dl, mask=m_r[:, None])
+# ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
+#   On 4×4 sub-blocks of 16 tokens, for each row block I of the chunk:
+#   rows of I against the blocks J < I through r = b at the token before I (e^{b_t − r} ≤ 1 for t in I,
+#   e^{r − b_j} ≤ 1 for j before I); columns of I against the blocks J > I through r' = b at I's last token;
+#   the diagonal block by hierarchical references. Scores: Q̂ ⋆ A (dS) and E ⋆⁻ A (dL'), read from bwd_scores.
+#   Writes the pair shares of dq̂, da, de (fp32); bwd_grads adds them to the per-token terms and takes the decay
+#   gradient. Products take tf32 operands: the decayed operands are new fp32 values, and the log-gate gradient
+#   (q ⊙ dq − a ⊙ da, summed in reverse) needs each pair's two shares formed alike.
+@triton.jit
+def chunk_bwd_intra_kernel(
+    p_q, p_k, g_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, cu_seqlens, chunk_indices, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    i_k = tl.program_id(2)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    o_c = tl.arange(0, BC)
+    rb0 = t0 + 0 + o_c
+    mb0 = rb0 < eos
+    rb1 = t0 + 16 + o_c
+    mb1 = rb1 < eos
+    rb2 = t0 + 32 + o_c
+    mb2 = rb2 < eos
+    rb3 = t0 + 48 + o_c
+    mb3 = rb3 < eos
+    # -- row block 0
+    b_g = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+    _b_q_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_e = b_a
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dsd = tl.load(dsq_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb0[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsq_buf + (rb0[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb0[None, :], other=0.)
+    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
+    b_dq += b_dd * b_a
+    b_da += b_dd * b_q
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    b_dsd = tl.load(dsl_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb0[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsl_buf + (rb0[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb0[None, :], other=0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 0 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    # columns of block 0 against the later blocks: r' = b at token 15 (a later block exists only
+    # where that token does)
+    b_r = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k,
+                  mask=((t0 + 15) < eos) & m_k, other=0.)
+    b_aca = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb1[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb1[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb1[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb1[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb2[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb3[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
+    m_ik = mb0[:, None] & m_k[None, :]
+    tl.store(pq_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pa_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
+    tl.store(pe_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
+    # -- row block 1
+    b_g = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+    _b_q_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_e = b_a
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dsd = tl.load(dsq_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb1[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsq_buf + (rb1[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb1[None, :], other=0.)
+    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
+    b_dq += b_dd * b_a
+    b_da += b_dd * b_q
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    b_dsd = tl.load(dsl_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb1[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsl_buf + (rb1[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb1[None, :], other=0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 16 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    # rows of block 1 against the earlier blocks: r = b at token 15
+    b_r = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=((t0 + 15) < eos) & m_k,
+                  other=0.)
+    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ace = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb1[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb1[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
+    b_dq += b_acq * b_fi
+    b_de += b_ace * b_fi
+    # columns of block 1 against the later blocks: r' = b at token 31 (a later block exists only
+    # where that token does)
+    b_r = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k,
+                  mask=((t0 + 31) < eos) & m_k, other=0.)
+    b_aca = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb2[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb3[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
+    m_ik = mb1[:, None] & m_k[None, :]
+    tl.store(pq_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pa_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
+    tl.store(pe_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
+    # -- row block 2
+    b_g = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+    _b_q_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_e = b_a
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dsd = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb2[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
+    b_dq += b_dd * b_a
+    b_da += b_dd * b_q
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    b_dsd = tl.load(dsl_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb2[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsl_buf + (rb2[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb2[None, :], other=0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 32 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    # rows of block 2 against the earlier blocks: r = b at token 31
+    b_r = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=((t0 + 31) < eos) & m_k,
+                  other=0.)
+    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ace = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb2[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb2[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb2[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb2[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
+    b_dq += b_acq * b_fi
+    b_de += b_ace * b_fi
+    # columns of block 2 against the later blocks: r' = b at token 47 (a later block exists only
+    # where that token does)
+    b_r = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k,
+                  mask=((t0 + 47) < eos) & m_k, other=0.)
+    b_aca = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
+    _b_qj_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+    # [dS_JI]ᵀ, loaded transposed
+    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    _b_ej_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_ej = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_ej_k, 0.)
+    b_dlb = tl.load(dsl_buf + (rb3[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
+    m_ik = mb2[:, None] & m_k[None, :]
+    tl.store(pq_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pa_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
+    tl.store(pe_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
+    # -- row block 3
+    b_g = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+    _b_q_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_e = b_a
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dsd = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], mask=mb3[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 48 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
+    b_dq += b_dd * b_a
+    b_da += b_dd * b_q
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    b_dsd = tl.load(dsl_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], mask=mb3[:, None], other=0.)
+    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
+    b_dst = tl.load(dsl_buf + (rb3[None, :] * HV + i_hv) * BT + 48 + o_c[:, None], mask=mb3[None, :], other=0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 16) >= 8
+    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 8) >= 4
+    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 4) >= 2
+    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                    mask=((t0 + 48 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
+    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
+    m_hi = (o_c % 2) >= 1
+    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
+    b_de += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
+                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
+    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
+                                                   tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
+
+    # rows of block 3 against the earlier blocks: r = b at token 47
+    b_r = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=((t0 + 47) < eos) & m_k,
+                  other=0.)
+    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ace = tl.zeros([BC, BK], dtype=tl.float32)
+    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+    _b_aj_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_aj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
+    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+    b_dlb = tl.load(dsl_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb3[:, None], other=0.)
+    b_ace += _mm_tf32(b_dlb, b_af, DT_ID)
+    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
+    b_dq += b_acq * b_fi
+    b_de += b_ace * b_fi
+    m_ik = mb3[:, None] & m_k[None, :]
+    tl.store(pq_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pa_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
+    tl.store(pe_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
-#   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
-#   One program per chunk, head and block of BK key channels: the c×c products over the value channels are formed
-#   in every key block (they are cheap next to the [BT, BK] tiles a full-width program would hold); per-token
+#   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then adds the score pairs' shares
+#   that bwd_scores and bwd_intra formed once per chunk (per-channel decay: 16×16 sub-blocks).
+#   One program per chunk, head and block of BK key channels; per-token
 #   sums over the key channels (dβ) are left as one partial per key block (NKG of them), the full-width
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 #   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, p_beta, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dx_q,
-    dx_k, dx_v, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_q, p_k, p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf, pq_buf,
+    pa_buf, pe_buf, dx_q, dx_k, dx_v, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1056,11 +1687,8 @@ def chunk_bwd_grad_kernel(
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
     b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dyz = tl.zeros([BT], dtype=tl.float32)
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
@@ -1074,16 +1702,11 @@ def chunk_bwd_grad_kernel(
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
-        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
         b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
-        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
         b_dz = b_dy * b_beta[:, None]
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
         g_v += b_dz
@@ -1103,71 +1726,8 @@ def chunk_bwd_grad_kernel(
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
     # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
     # then dg = reverse cumsum of db within the chunk.
-    b_ds = tl.where(m_le, b_ds * scale, 0.)
-    # Hierarchical sub-chunk references (docs/chunk_forms.md §3, applied recursively): at level s the pairs are
-    # (t in the second half, j in the first half) of one s-token block; with r = b at the block's middle,
-    # e^{b_t − b_j} = e^{b_t − r} e^{r − b_j}, both ≤ 1, so each level is one masked matmul per side. The
-    # products take tf32 operands (_mm_tf32): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse, and
-    # bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3). At full size on
-    # the H200 tf32 gives g 4.50e-3 (FLA 5.29e-3) at 5.3 ms for the stage; tf32x3 gave 4.66e-3 at 14.1 ms.
-    b_dd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_ds, 0.), 1)
-    b_dq = b_dd[:, None] * b_a
-    b_da = b_dd[:, None] * b_q
-    o_ref = (o_t // 64) * 64 + 31
-    m_hi = (o_t % 64) >= 32
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 64) == (o_t[None, :] // 64)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 32) * 32 + 15
-    m_hi = (o_t % 32) >= 16
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 32) == (o_t[None, :] // 32)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 16) * 16 + 7
-    m_hi = (o_t % 16) >= 8
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 16) == (o_t[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 8) * 8 + 3
-    m_hi = (o_t % 8) >= 4
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 8) == (o_t[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 4) * 4 + 1
-    m_hi = (o_t % 4) >= 2
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 4) == (o_t[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 2) * 2 + 0
-    m_hi = (o_t % 2) >= 1
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 2) == (o_t[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :], b_ds, 0.)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-
+    # the score pairs' shares, formed on 16×16 sub-blocks by bwd_intra
+    b_dq = tl.load(pq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db = b_q * b_dq
@@ -1176,77 +1736,12 @@ def chunk_bwd_grad_kernel(
     tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
-    b_da += b_das
-    # interaction L' = E ⋆⁻ A through the solve
-    b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    b_dm = tl.where(m_lt, -b_dm, 0.)
+    b_da = b_das + tl.load(pa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_ef = b_e * b_eb
-    b_dbeta = tl.where(i_k == 0, b_dyz + tl.sum(b_dm * b_l, 1), 0.) - tl.sum(b_ef * b_dew, 1)
-    b_dl = b_dm * b_beta[:, None]
-    # Hierarchical sub-chunk references (docs/chunk_forms.md §3, applied recursively): at level s the pairs are
-    # (t in the second half, j in the first half) of one s-token block; with r = b at the block's middle,
-    # e^{b_t − b_j} = e^{b_t − r} e^{r − b_j}, both ≤ 1, so each level is one masked matmul per side. The
-    # products take tf32 operands (_mm_tf32): the log-gate gradient is q ⊙ dq − a ⊙ da summed in reverse, and
-    # bf16-rounded operands leave each pair's two shares unequal (kda, T = 256, bf16: g 9.3e-3). At full size on
-    # the H200 tf32 gives g 4.50e-3 (FLA 5.29e-3) at 5.3 ms for the stage; tf32x3 gave 4.66e-3 at 14.1 ms.
-    b_de = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dal = tl.zeros([BT, BK], dtype=tl.float32)
-    o_ref = (o_t // 64) * 64 + 31
-    m_hi = (o_t % 64) >= 32
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 64) == (o_t[None, :] // 64)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 32) * 32 + 15
-    m_hi = (o_t % 32) >= 16
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 32) == (o_t[None, :] // 32)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 16) * 16 + 7
-    m_hi = (o_t % 16) >= 8
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 16) == (o_t[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 8) * 8 + 3
-    m_hi = (o_t % 8) >= 4
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 8) == (o_t[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 4) * 4 + 1
-    m_hi = (o_t % 4) >= 2
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 4) == (o_t[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-    o_ref = (o_t // 2) * 2 + 0
-    m_hi = (o_t % 2) >= 1
-    b_ref = tl.load(g_buf + ((t0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-    # b is non-increasing: e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    b_dsl = tl.where(((o_t[:, None] // 2) == (o_t[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :], b_dl, 0.)
-    b_de += tl.where(m_hi[:, None], _mm_tf32(b_dsl, tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_dal += tl.where((~m_hi)[:, None], _mm_tf32(tl.trans(b_dsl), tl.where(m_hi[:, None], b_e * b_fr, 0.), DT_ID) * b_fr, 0.)
-
-    b_da += b_dal
+    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_scores
+    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.) - \
+        tl.sum(b_ef * b_dew, 1)
+    b_de = tl.load(pe_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
     b_de -= b_dews
@@ -1321,7 +1816,9 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'p_k', 'g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('abeta_buf', 'ag_buf', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1529,6 +2026,8 @@ def _bwd_kernels():
     return [
         ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
         ("bwd_state", chunk_bwd_state_kernel, "state"),
+        ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
+        ("bwd_intra", chunk_bwd_intra_kernel, "chunk_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
@@ -1595,6 +2094,18 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
     run.launch(first)
     del bufs["dul_buf"]
+    # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
+    # of the chunk-operand adjoints for bwd_grads; the scores are freed before bwd_grads' own buffers are taken
+    bufs["dsq_buf"] = buf(TT * HV * BT)
+    bufs["dsl_buf"] = buf(TT * HV * BT)
+    bufs["dbc_buf"] = buf(TT * HV)
+    for n in ("pq_buf", "pa_buf", "pe_buf"):
+        bufs[n] = buf(TT * HV * DK)
+    intra = [k for k in kernels if k[0] in ("bwd_scores", "bwd_intra")]
+    run.launch(intra)
+    del bufs["dsq_buf"]
+    del bufs["dsl_buf"]
+    first += intra
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         bufs[n] = buf(TT * HV * DK)
