@@ -23,6 +23,7 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     triangular_solve     T = (I + Diag(β)L')⁻¹Diag(β): forward substitution per 16×16 diagonal block,
                          then block merge
     wy                   W = T(E⊙e^B), Ũ = T Z
+    decay_keys           per-channel decay: A ⊙ e^{b_c − B} and Q̂ ⊙ e^B in the input dtype, for the state passes
     state_pass           sequential over chunks: H_n, U = Ũ − W H_n (delta) or βZ (additive)
     output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual: Z − (E⊙e^B)H_n − L'U)
 
@@ -162,7 +163,7 @@ class Launch:
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
-# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks);
+# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
 # rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
 # statistic / value head, sequential over chunks); state (dv blocks, sequences × heads); output (dv blocks, NT, HV).
 FORWARD_RULES = {
@@ -173,6 +174,7 @@ FORWARD_RULES = {
                               "chunk_curvature_query.jinja"),
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction.jinja"),
     "wy": Launch("wy", "chunk_wy_kernel", "chunk", "chunk_wy.jinja"),
+    "decay_keys": Launch("decay_keys", "chunk_decay_keys_kernel", "chunk", "chunk_decay_keys.jinja"),
     "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state", "chunk_state_pass.jinja"),
     "output": Launch("output", "chunk_output_kernel", "output", "chunk_output.jinja"),
 }
@@ -181,7 +183,7 @@ BACKWARD_RULES = {
                                "chunk_bwd_local_values.jinja"),
     "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state", "chunk_bwd_state.jinja"),
     "bwd_scores": Launch("bwd_scores", "chunk_bwd_scores_kernel", "chunk", "chunk_bwd_scores.jinja"),
-    "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_keys", "chunk_bwd_intra.jinja"),
+    "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_sub_keys", "chunk_bwd_intra.jinja"),
     "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
     "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv",
                                   "chunk_bwd_curvature_query.jinja"),
@@ -463,7 +465,7 @@ def _context(ir: IR) -> dict:
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
-    ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")))
+    ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx

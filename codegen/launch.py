@@ -37,6 +37,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # 2.09 ms, 4 warps 2.16, 8 warps 3.95 (16×16 tiles leave most of 8 warps idle)
             return min(32, BK), bv_full, 2, 1
         return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
+    if name == "decay_keys":
+        return bk_block, bv_full, 4, 1
     if name == "wy":
         return BK, bv_full, 4, 1
     if name == "output":
@@ -61,9 +63,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # one program per chunk and head holds the [BT, BT] score gradients and Ai (per-channel decay only)
         return bk_block, bv_full, 4, 1
     if name == "bwd_intra":
-        # [16, BK] tiles and 16×16 blocks. Compile report, kda dk = 128, sm_90: BK 32 / 4 warps 190 registers, no
-        # spill; BK 32 / 2 warps 255 + 136 B spill, BK 16 / 2 warps 255 + 96 B
-        return min(32, BK), bv_full, 4, 1
+        # one program per 16-token row block and 32 key channels. H200, kda (benchmarks/tune.py, run 22): BK 32 / 2 warps
+        # 1.50 ms, BK 64 / 4 warps / 2 stages 1.49, BK 32 / 4 warps 1.67 (stages change nothing); 152 registers, no spill
+        return min(32, BK), bv_full, 2, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_grads":
@@ -72,9 +74,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # width, before the epilogue stored each adjoint as soon as it was final: 1.61)
         if decay == "vector":
             # per-channel decay holds more [BT, BK] tiles (the gates, their factors, the per-channel db): 32 key
-            # channels per program. Compile report, kda dk = 128: 976 B spill with tf32 score pairs (1336 with
-            # tf32x3; BK 16 88 B). H200 (tune.py, run 16): BK 32 5.30 ms, BK 16 6.41 (tf32x3: 14.1 / 16.1)
-            return min(32, BK), bv_full, 8 if BK >= 64 else 4, 1
+            # channels per program; the score pairs come from bwd_intra. Compile report, kda dk = 128: 146 registers
+            # at 8 warps, 250 at 4, no spill. H200 (tune.py, run 20): BK 32 / 4 warps 0.974 ms, BK 64 / 8 warps
+            # 0.986, BK 64 / 4 warps 1.054, BK 32 / 8 warps ~1.6
+            return min(32, BK), bv_full, 4, 1
         return bk_block, bv_full, 8 if BK >= 64 else 4, 1
     if name in ("precond_diag", "bwd_precond_diag"):
         # the PDN statistic splits over key-channel blocks. H200, pgdn dk = dv = 128 (benchmarks/tune.py, run 8):

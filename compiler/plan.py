@@ -40,7 +40,7 @@ import sympy as sp
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
 STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_exact", "curvature_query", "interaction",
-               "triangular_solve", "wy", "state_pass", "output")
+               "triangular_solve", "wy", "decay_keys", "state_pass", "output")
 
 
 class PlanTypeError(Exception):
@@ -489,12 +489,22 @@ def rule_wy(b: _Builder) -> None:
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
 
 
+def rule_decay_keys(b: _Builder) -> None:
+    # Per-channel decay: the state passes' key operands A ⊙ e^{b_c − B} and Q ⊙ e^B, formed once per token by a
+    # parallel stage, so that the sequential passes load them instead of the gates and their exponentials.
+    if b.s.decay != "vector" or b.family == "untied":
+        return
+    outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
+    b.add("decay_keys", "decay_keys", {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
+          form="Kg = A e^(b_c - B), Qg = Q e^B")
+
+
 def _streams(b: _Builder) -> tuple[tuple[str, str], ...]:
     """(key, value) pairs written into the state: H_{n+1} = Γ_c H_n + Σ (K ⊙ e^{b_c − B})ᵀ V."""
     if b.family == "additive":
-        return ((b.op("kw"), b.op("vp")),)  # type: ignore[return-value]
+        return ((b.op("Kg") or b.op("kw"), b.op("vp")),)  # type: ignore[return-value]
     if b.family == "tied":
-        return ((b.op("kw"), b.op("U")),)  # type: ignore[return-value]
+        return ((b.op("Kg") or b.op("kw"), b.op("U")),)  # type: ignore[return-value]
     return ((b.op("f"), b.op("U")), (b.op("kw"), b.op("vp")))  # type: ignore[return-value]
 
 
@@ -517,7 +527,8 @@ def rule_state_pass(b: _Builder) -> None:
         b.outputs["route"] = outs[-1].name
     b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
           route=b.s.route, sequential="chunks",
-          form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum (K e^(b_c-B))^T V")
+          form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum " +
+          ("Kg^T V" if b.op("Kg") else "(K e^(b_c-B))^T V"))
     b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]
     if b.s.route == "value":
         b.outputs["route"] = b.op("r")  # type: ignore[assignment]
@@ -529,9 +540,9 @@ def rule_output(b: _Builder) -> None:
         bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"))
         scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
         inline = False
-    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A
+    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B
         (k, v), = _streams(b)
-        bind.update(M0=b.op("Sqa"), V0=v)
+        bind.update(M0=b.op("Sqa"), V0=v, Qg=b.op("Qg"))
         scores = ((b.op("Sqa"), v),)
         inline = False
     else:
@@ -548,7 +559,7 @@ def rule_output(b: _Builder) -> None:
 # Order is data dependence; each rule decides from the Structure whether its stage appears.
 STAGE_RULES: tuple[Callable[[_Builder], None], ...] = (
     rule_l2norm, rule_gates, rule_chunk_cumsum, rule_precond_diag, rule_precond_exact, rule_curvature_query,
-    rule_interaction, rule_triangular_solve, rule_wy, rule_state_pass, rule_output,
+    rule_interaction, rule_triangular_solve, rule_wy, rule_decay_keys, rule_state_pass, rule_output,
 )
 
 _STATE_OPERANDS = {"S": ("S0", "[N,HV,dk,dv]"), "A": ("A0", None), "P": ("P0", "[N,H,dk,dk]"),
@@ -676,7 +687,8 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
     ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
-    reads = ("state_pass.Hn",) + (("wy.W",) if p.family == "tied" else ())
+    reads = ("state_pass.Hn",) + (("wy.W",) if p.family == "tied" else ()) + \
+        (("decay_keys.Kg", "decay_keys.Qg") if p.find("decay_keys") else ())
     form = "dU = dU_local + (A e^(b_c-B)) dH_(n+1); dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
         (" - W^T dU" if p.family == "tied" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
@@ -942,6 +954,14 @@ def _tc_wy(st: Stage, t: dict[str, Operand]) -> None:
         raise PlanTypeError(f"{st.name}: W must end with dk and Ũ with dv")
 
 
+def _tc_decay_keys(st: Stage, t: dict[str, Operand]) -> None:
+    for r in ("A", "Q", "b"):
+        _token(t[st.bind[r]], "dk", st.name)
+    for o in st.outputs:
+        if o.shape != "[B,T,HV,dk]":
+            raise PlanTypeError(f"{st.name}: {o} must be [B,T,HV,dk]")
+
+
 def _tc_state_pass(st: Stage, t: dict[str, Operand]) -> None:
     for k, v in st.attr("streams"):
         _token(t[k], "dk", st.name)
@@ -967,7 +987,8 @@ def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
 TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
     "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
     "precond_exact": _tc_precond, "curvature_query": _tc_curvature, "interaction": _tc_interaction,
-    "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "state_pass": _tc_state_pass, "output": _tc_output,
+    "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "decay_keys": _tc_decay_keys, "state_pass": _tc_state_pass,
+    "output": _tc_output,
 }
 
 

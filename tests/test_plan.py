@@ -429,7 +429,11 @@ def test_backward_plan(name):
         return
     assert bp is not None
     kinds = bp.kinds()
-    assert kinds[:3] == ["bwd_local_values", "bwd_state_pass", "bwd_grads"]
+    # per-channel decay: the score gradients go to memory once and the pair gradients are formed on sub-blocks
+    vector = ir.decay.kind == "vector"
+    intra = ["bwd_scores", "bwd_intra"] if vector else []
+    assert kinds[:3 + len(intra)] == ["bwd_local_values", "bwd_state_pass", *intra, "bwd_grads"]
+    assert ("decay_keys" in p.kinds()) == vector and ("decay_keys" in bp.recomputed) == vector
     # bwd_inputs runs unless bwd_grads finished every gradient (elementwise chain rule: no L2 norm, gain or gate)
     assert (kinds[-1] == "bwd_inputs") == (set(p.elementwise_grads) != {d.name for d in ir.inputs})
     assert ("bwd_curvature_query" in kinds) == (ir.read.kind == "curvature")
@@ -439,7 +443,7 @@ def test_backward_plan(name):
     assert "output" not in bp.recomputed and "state_pass" in bp.recomputed
     grads = [o.name for st in bp.stages for o in st.outputs if o.name.startswith("grad_")]
     assert sorted(grads) == sorted(f"grad_{d.name}" for d in kernel_ir(ir).inputs)  # each gradient from exactly one stage
-    fused = [o.name for o in bp.stages[2].outputs if o.name.startswith("grad_")]
+    fused = [o.name for o in bp.stages[2 + len(intra)].outputs if o.name.startswith("grad_")]
     assert fused == [f"grad_{n}" for n in p.elementwise_grads]
     assert all(ir.input(n).vector and n not in ir.normalize for n in p.elementwise_grads)
     assert "backward (chunked)" in format_plan(p)

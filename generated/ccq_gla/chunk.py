@@ -525,14 +525,51 @@ def chunk_interaction_kernel(
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S3_2, mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], S3_3, mask=mb3[:, None])
 
+# ---- stage decay_keys (per-channel decay): the decayed key and query operands of the state passes, per chunk -------
+#   Kg = A ⊙ e^{b_c − B} (to the chunk's end) and Qg = Q̂ ⊙ e^B, stored in the input dtype: the passes over chunks
+#   load them instead of the fp32 gates and two exponentials per tile, off their sequential path. The matmuls there
+#   round their operands to the input dtype anyway, so the stored operands change no result.
+@triton.jit
+def chunk_decay_keys_kernel(
+    g_buf, qh_buf, kg_buf, qg_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    last = t0 + tl.minimum(eos - t0, BT) - 1
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        m_rk = m_r[:, None] & m_k[None, :]
+        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                 _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_rk)
+        tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                 _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_rk)
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_v, g_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    p_v, g_buf, kg_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -586,22 +623,18 @@ def chunk_state_pass_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
             b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
                 b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -635,22 +668,18 @@ def chunk_state_pass_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
             b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
                 b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -668,7 +697,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    g_buf, qh_buf, s_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
+    s_buf, qg_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -697,11 +726,9 @@ def chunk_output_kernel(
         m_k = o_k < DK
         b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
-        _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        # the scores come from the interaction stage (Sqa); the decay of the carried state is applied per block
-        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_o += _mm(b_q * tl.exp2(b_g), b_h, DT_ID)
+        # the scores come from the interaction stage (Sqa); Q̂ ⊙ e^B from the decay_keys stage
+        b_qg = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_o += _mm(b_qg, b_h, DT_ID)
     b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
@@ -744,9 +771,9 @@ def chunk_bwd_local_values_kernel(
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, qh_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets, scale,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    g_buf, kg_buf, qg_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -789,11 +816,8 @@ def chunk_bwd_state_kernel(
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
@@ -801,11 +825,8 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
@@ -816,24 +837,20 @@ def chunk_bwd_state_kernel(
             b_dos = b_do
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_q = b_q * (scale * tl.exp2(b_g))
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_q = b_q * (scale * tl.exp2(b_g))
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
 
 
             i_tc -= 1
@@ -854,11 +871,8 @@ def chunk_bwd_state_kernel(
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_du += _mm(b_a, b_dh0, DT_ID)
 
             if DK > 1 * BK:
@@ -866,11 +880,8 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_a = b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
@@ -881,24 +892,20 @@ def chunk_bwd_state_kernel(
             b_dos = b_do
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_q = b_q * (scale * tl.exp2(b_g))
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID)
+            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_q = b_q * (scale * tl.exp2(b_g))
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID)
+                b_dh1 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
 
 
     o_k = o_kb
@@ -943,13 +950,17 @@ def chunk_bwd_scores_kernel(
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
-#   On 4×4 sub-blocks of 16 tokens, for each row block I of the chunk:
-#   rows of I against the blocks J < I through r = b at the token before I (e^{b_t − r} ≤ 1 for t in I,
-#   e^{r − b_j} ≤ 1 for j before I); columns of I against the blocks J > I through r' = b at I's last token;
-#   the diagonal block by hierarchical references. Scores: Q̂ ⋆ A (dS), read from bwd_scores.
+#   dX_t = Σ_j dS_tj y_j ⊙ e^{b_t − b_j},  dY_j = Σ_t dS_tj x_t ⊙ e^{b_t − b_j} over the pairs j ≤ t of Q̂ ⋆ A (dS), read from bwd_scores. One program per chunk, head, block of BK key channels and
+#   row block I of 16 tokens (4 per chunk):
+#   - rows of I against the blocks J < I through r = b at the token before I (e^{b_t − r} ≤ 1 for t in I,
+#     e^{r − b_j} ≤ 1 for j before I), columns of I against the blocks J > I through r' = b at I's last token:
+#     one 16×16 product per block and side, tf32 operands (the decayed operands are new fp32 values);
+#   - the diagonal block token by token in fp32, two [16, BK] factor tiles per token and no cross-thread sum.
+#     H200, kda (benchmarks/tune.py, run 22): 1.50 ms, as fast as hierarchical references inside the block
+#     (four masked 16×16 products per level, 1.51 ms) at 152 registers instead of 255; a column-only loop with a
+#     reduction for the other side took 1.62.
 #   Writes the pair shares of dq̂, da (fp32); bwd_grads adds them to the per-token terms and takes the decay
-#   gradient. Products take tf32 operands: the decayed operands are new fp32 values, and the log-gate gradient
-#   (q ⊙ dq − a ⊙ da, summed in reverse) needs each pair's two shares formed alike.
+#   gradient.
 @triton.jit
 def chunk_bwd_intra_kernel(
     g_buf, qh_buf, dsq_buf, pq_buf, pa_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
@@ -963,348 +974,73 @@ def chunk_bwd_intra_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     t0 = bos + i_tc * BT
-    i_k = tl.program_id(2)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    i_k = tl.program_id(2) // 4
+    i_i = tl.program_id(2) % 4
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
     o_c = tl.arange(0, BC)
-    rb0 = t0 + 0 + o_c
-    mb0 = rb0 < eos
-    rb1 = t0 + 16 + o_c
-    mb1 = rb1 < eos
-    rb2 = t0 + 32 + o_c
-    mb2 = rb2 < eos
-    rb3 = t0 + 48 + o_c
-    mb3 = rb3 < eos
-    # -- row block 0
-    b_g = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    _b_q_q = tl.load(qh_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    b_q = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
+    rb = t0 + i_i * BC + o_c
+    mb = rb < eos
+    b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
+    _b_q_q = tl.load(qh_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
+    b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(pn_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dsd = tl.load(dsq_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb0[:, None], other=0.)
-    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
-    b_dst = tl.load(dsq_buf + (rb0[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb0[None, :], other=0.)
-    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
-    b_dq += b_dd * b_a
-    b_da += b_dd * b_q
-    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 0 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 16) >= 8
-    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 0 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 8) >= 4
-    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 0 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 4) >= 2
-    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 0 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 0 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 2) >= 1
-    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-
-    # columns of block 0 against the later blocks: r' = b at token 15 (a later block exists only
-    # where that token does)
-    b_r = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k,
-                  mask=((t0 + 15) < eos) & m_k, other=0.)
-    b_aca = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb1[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb1[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb2[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 0 + o_c[:, None], mask=mb3[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
-    m_ik = mb0[:, None] & m_k[None, :]
-    tl.store(pq_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
-    tl.store(pa_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
-    # -- row block 1
-    b_g = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    _b_q_q = tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    b_q = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
-    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dsd = tl.load(dsq_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb1[:, None], other=0.)
-    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
-    b_dst = tl.load(dsq_buf + (rb1[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb1[None, :], other=0.)
-    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
-    b_dq += b_dd * b_a
-    b_da += b_dd * b_q
-    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 16 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 16) >= 8
-    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 16 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 8) >= 4
-    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 16 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 4) >= 2
-    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 16 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 16 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 2) >= 1
-    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-
-    # rows of block 1 against the earlier blocks: r = b at token 15
-    b_r = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=((t0 + 15) < eos) & m_k,
-                  other=0.)
+    # the diagonal block token by token, no cross-thread reduction: step s takes token s as the earlier one of its
+    # pairs (column s of dS: dq_t += dS_ts a_s e^{b_t − b_s}, t ≥ s) and as the later one (row s: da_j += dS_sj q_s
+    # e^{b_s − b_j}, j ≤ s); both factors ≤ 1
+    for s in range(0, BC):
+        r_s = t0 + i_i * BC + s
+        rs1 = r_s + tl.arange(0, 1)
+        ms1 = rs1 < eos
+        b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+        _b_as_k = tl.load(pn_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_k, 0.)
+        _b_qs_q = tl.load(qh_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+        b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
+        b_f = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
+        b_h = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
+        b_sc = tl.load(dsq_buf + rb * (HV * BT) + i_hv * BT + i_i * BC + s, mask=mb, other=0.)[:, None]
+        b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=r_s < eos, other=0.)[:, None]
+        b_dq += b_sc * b_as * b_f
+        b_da += b_sr * b_qs * b_h
+    # rows of I against the earlier blocks J: r = b at the token before I (e^{b_t − r}, e^{r − b_j} ≤ 1);
+    # columns of I against the later blocks J: r' = b at I's last token (a later block exists only where it does)
+    r_0 = t0 + i_i * BC - 1
+    b_r0 = tl.load(g_buf + (r_0 * HV + i_hv) * DK + o_k, mask=(i_i > 0) & (r_0 < eos) & m_k, other=0.)
+    r_1 = t0 + i_i * BC + BC - 1
+    b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=(r_1 < eos) & m_k, other=0.)
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb1[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
-    b_dq += b_acq * b_fi
-    # columns of block 1 against the later blocks: r' = b at token 31 (a later block exists only
-    # where that token does)
-    b_r = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k,
-                  mask=((t0 + 31) < eos) & m_k, other=0.)
     b_aca = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb2[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 16 + o_c[:, None], mask=mb3[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
-    m_ik = mb1[:, None] & m_k[None, :]
-    tl.store(pq_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
-    tl.store(pa_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
-    # -- row block 2
-    b_g = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    _b_q_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    b_q = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
-    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dsd = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb2[:, None], other=0.)
-    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
-    b_dst = tl.load(dsq_buf + (rb2[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb2[None, :], other=0.)
-    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
-    b_dq += b_dd * b_a
-    b_da += b_dd * b_q
-    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 32 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 16) >= 8
-    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 32 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 8) >= 4
-    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 32 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 4) >= 2
-    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 32 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 32 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 2) >= 1
-    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-
-    # rows of block 2 against the earlier blocks: r = b at token 31
-    b_r = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=((t0 + 31) < eos) & m_k,
-                  other=0.)
-    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb2[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb2[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
+    # a constant trip count (the interpreter takes no tensor range bound); the two sides are uniform branches
+    for i_j in range(0, 4):
+        rj = t0 + i_j * BC + o_c
+        mj = rj < eos
+        if i_j < i_i:
+            b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            _b_aj_k = tl.load(pn_k + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_aj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
+            b_af = b_aj * tl.exp2(tl.minimum(b_r0[None, :] - b_gj, 0.))
+            b_dsb = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_j * BC + o_c[None, :], mask=mb[:, None], other=0.)
+            b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+        if i_j > i_i:
+            b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            b_fj = tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
+            _b_qj_q = tl.load(qh_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+            # [dS_JI]ᵀ, loaded transposed
+            b_dsb = tl.load(dsq_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
+            b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+    b_fi = tl.exp2(tl.minimum(b_g - b_r0[None, :], 0.))
     b_dq += b_acq * b_fi
-    # columns of block 2 against the later blocks: r' = b at token 47 (a later block exists only
-    # where that token does)
-    b_r = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k,
-                  mask=((t0 + 47) < eos) & m_k, other=0.)
-    b_aca = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_fj = tl.exp2(tl.minimum(b_gj - b_r[None, :], 0.))
-    _b_qj_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_qj = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-    # [dS_JI]ᵀ, loaded transposed
-    b_dsb = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 32 + o_c[:, None], mask=mb3[None, :], other=0.)
-    b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
-    b_da += b_aca * tl.exp2(tl.minimum(b_r[None, :] - b_g, 0.))
-    m_ik = mb2[:, None] & m_k[None, :]
-    tl.store(pq_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
-    tl.store(pa_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
-    # -- row block 3
-    b_g = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    _b_q_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-    b_q = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_a = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
-    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dsd = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], mask=mb3[:, None], other=0.)
-    # the block's transpose, loaded as such (no tl.trans of a computed tile into a dot)
-    b_dst = tl.load(dsq_buf + (rb3[None, :] * HV + i_hv) * BT + 48 + o_c[:, None], mask=mb3[None, :], other=0.)
-    b_dd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dsd, 0.), 1)[:, None]
-    b_dq += b_dd * b_a
-    b_da += b_dd * b_q
-    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 16) * 16 + 7)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 48 + (o_c // 16) * 16 + 7) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 16) >= 8
-    m_blk = (o_c[:, None] // 16) == (o_c[None, :] // 16)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 8) * 8 + 3)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 48 + (o_c // 8) * 8 + 3) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 8) >= 4
-    m_blk = (o_c[:, None] // 8) == (o_c[None, :] // 8)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 4) * 4 + 1)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 48 + (o_c // 4) * 4 + 1) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 4) >= 2
-    m_blk = (o_c[:, None] // 4) == (o_c[None, :] // 4)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_ref = tl.load(g_buf + ((t0 + 48 + (o_c // 2) * 2 + 0)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                    mask=((t0 + 48 + (o_c // 2) * 2 + 0) < eos)[:, None] & m_k[None, :], other=0.)
-    b_fr = tl.exp2(-tl.abs(b_g - b_ref))
-    m_hi = (o_c % 2) >= 1
-    m_blk = (o_c[:, None] // 2) == (o_c[None, :] // 2)
-    b_dq += tl.where(m_hi[:, None], _mm_tf32(tl.where(m_blk & m_hi[:, None] & (~m_hi)[None, :], b_dsd, 0.),
-                                                tl.where((~m_hi)[:, None], b_a * b_fr, 0.), DT_ID) * b_fr, 0.)
-    b_da += tl.where((~m_hi)[:, None], _mm_tf32(tl.where(m_blk & (~m_hi)[:, None] & m_hi[None, :], b_dst, 0.),
-                                                   tl.where(m_hi[:, None], b_q * b_fr, 0.), DT_ID) * b_fr, 0.)
-
-    # rows of block 3 against the earlier blocks: r = b at token 47
-    b_r = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=((t0 + 47) < eos) & m_k,
-                  other=0.)
-    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_gj = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], mask=mb3[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_gj = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], mask=mb3[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_gj = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-    _b_aj_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_aj = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
-    b_af = b_aj * tl.exp2(tl.minimum(b_r[None, :] - b_gj, 0.))
-    b_dsb = tl.load(dsq_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], mask=mb3[:, None], other=0.)
-    b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
-    b_fi = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
-    b_dq += b_acq * b_fi
-    m_ik = mb3[:, None] & m_k[None, :]
-    tl.store(pq_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
-    tl.store(pa_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
+    b_da += b_aca * tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
+    m_ik = mb[:, None] & m_k[None, :]
+    tl.store(pq_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then adds the score pairs' shares
@@ -1519,24 +1255,26 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf") + tuple("dx_" + n for n in _INPUTS) + tuple("pn_" + n for n in _NORMALIZED)
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf") + tuple("dx_" + n for n in _INPUTS) + \
+    tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+_DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'cn_buf', 'mn_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID', 'STORE_FINAL', 'KEEP'),
     'chunk_interaction_kernel': ('g_buf', 'qh_buf', 's_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_decay_keys_kernel': ('g_buf', 'qh_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
+    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1553,6 +1291,7 @@ def _kernels():
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("curvature_query", chunk_curvature_query_kernel, "seq_hv"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1560,7 +1299,7 @@ def _kernels():
 
 _FORWARD_STAGES = tuple(k[0] for k in _kernels())
 # the backward plan: forward stages it reruns when the forward kept its per-token buffers, and those buffers
-_RECOMPUTED = ["curvature_query", "state_pass"]
+_RECOMPUTED = ["curvature_query", "decay_keys", "state_pass"]
 _KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "s_buf"]
 
 
@@ -1632,6 +1371,8 @@ class _Run:
                 grid = (NT, HV)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
                 grid = (NT, HV, triton.cdiv(DK, BK))
+            elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows
+                grid = (NT, HV, triton.cdiv(DK, BK) * (BT // BC))
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
@@ -1663,6 +1404,8 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, f32)
     b["qh_buf"] = (TT * HV * DK, f32)
+    b["kg_buf"] = (TT * HV * DK, dt)
+    b["qg_buf"] = (TT * HV * DK, dt)
     b["vn_buf"] = (TT * HV * DV, dt)
     return b
 
@@ -1757,7 +1500,7 @@ def _bwd_kernels():
         ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
         ("bwd_state", chunk_bwd_state_kernel, "state"),
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
-        ("bwd_intra", chunk_bwd_intra_kernel, "chunk_keys"),
+        ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "seq_hv"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
