@@ -526,7 +526,7 @@ def rule_state_pass(b: _Builder) -> None:
         outs.append(b.new("r", "[B,T,HV,dv]", "in"))
         b.outputs["route"] = outs[-1].name
     b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
-          route=b.s.route, sequential="chunks",
+          keys_decayed=bool(b.op("Kg")) or None, route=b.s.route, sequential="chunks",
           form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum " +
           ("Kg^T V" if b.op("Kg") else "(K e^(b_c-B))^T V"))
     b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]

@@ -312,6 +312,17 @@ def run_wy(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
     return {st.outputs[0].name: _unchunk(Ws), st.outputs[1].name: _unchunk(Us)}
 
 
+def run_decay_keys(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay)."""
+    Ks, Qs = [], []
+    for _, _, _, x in _chunks_of(ctx, vals, st, "A", "Q", "b"):
+        b = x["b"]
+        assert b is not None
+        Ks.append(x["A"] * torch.exp(b[..., -1:, :] - b))  # type: ignore[operator]
+        Qs.append(x["Q"] * torch.exp(b))  # type: ignore[operator]
+    return {st.outputs[0].name: _unchunk(Ks), st.outputs[1].name: _unchunk(Qs)}
+
+
 def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
     """Sequential over chunks: U = Ũ − W H_n; H_{n+1} = Diag(e^{b_c}) H_n + Σ (K ⊙ e^{b_c − B})ᵀ V."""
     fam = st.attr("family")
@@ -340,7 +351,7 @@ def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Va
             K = x[f"K{i}"]
             V = x[f"V{i}"] if x[f"V{i}"] is not None else U
             assert K is not None and V is not None
-            Kd = K * torch.exp(bc - b) if b is not None else K
+            Kd = K * torch.exp(bc - b) if b is not None and not st.attr("keys_decayed") else K
             H = H + Kd.mT @ V.expand(*Kd.shape[:-1], ctx.dv)
     out: dict[str, Value] = {}
     names = [o.name for o in st.outputs]
@@ -362,10 +373,10 @@ def run_output(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]
     scale = ctx.scale
     inline = st.attr("inline_scores")
     pieces = []
-    for n, _, _, x in _chunks_of(ctx, vals, st, "Q", "b", "K0", "V0", "V1"):
+    for n, _, _, x in _chunks_of(ctx, vals, st, "Q", "b", "K0", "V0", "V1", "Qg"):
         Q, b = x["Q"], x["b"]
         assert Q is not None
-        o = (Q * _exp_or_one(b)) @ Hs[n]
+        o = (x["Qg"] if x["Qg"] is not None else Q * _exp_or_one(b)) @ Hs[n]
         if inline:
             A = decayed_scores(Q, x["K0"], b, b, strict=False, sub_chunk=sub)  # type: ignore[arg-type]
             o = o + A @ x["V0"].expand(*A.shape[:-1], ctx.dv)  # type: ignore[union-attr]
@@ -387,6 +398,7 @@ STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value
     "interaction": run_interaction,
     "triangular_solve": run_triangular_solve,
     "wy": run_wy,
+    "decay_keys": run_decay_keys,
     "state_pass": run_state_pass,
     "output": run_output,
 }

@@ -84,8 +84,10 @@ def _shape(p: Plan) -> tuple[list[tuple[str, str]], set[tuple[str, str]]]:
 def test_gla_and_simple_gla_differ_by_the_vector_decay_scores():
     gla, sgla = plan("gla"), plan("simple_gla")
     assert gla.family == sgla.family == "additive"
-    # vector decay forms Q⋆A in an interaction stage (sub-chunk references); scalar decay inside the output
-    assert [s.kind for s in gla.stages()] == ["chunk_cumsum", "interaction", "state_pass", "output"]
+    # vector decay forms Q⋆A in an interaction stage (sub-chunk references) and the state passes' decayed keys
+    # in decay_keys; scalar decay forms the scores inside the output
+    assert [s.kind for s in gla.stages()] == ["chunk_cumsum", "interaction", "decay_keys", "state_pass", "output"]
+    assert gla.stage("state_pass").role("K0") == "Kg" and gla.stage("output").role("Qg") == "Qg"
     assert [s.kind for s in sgla.stages()] == ["chunk_cumsum", "state_pass", "output"]
     assert gla.stage("output").role("M0") == "Sqa" and sgla.stage("output").attr("inline_scores")
     assert gla.stage("output").attr("decay") == "vector" and sgla.stage("output").attr("decay") == "scalar"
@@ -118,7 +120,8 @@ def test_delta_family_plans_have_interaction_solve_wy():
 def test_gdn_kda_same_shape_different_decay():
     gdn, kda = build_plan(rec("gdn").ir, 64, 16), build_plan(rec("kda").ir, 64, 16)
     kinds = lambda p: [s.kind for s in p.stages() if s.kind != "l2norm"]  # noqa: E731
-    assert kinds(gdn) == kinds(kda)
+    # per-channel decay adds the decayed keys of the state passes
+    assert [k for k in kinds(kda) if k != "decay_keys"] == kinds(gdn) and "decay_keys" in kinds(kda)
     assert gdn.stage("interaction").attr("decay") == "scalar" and kda.stage("interaction").attr("decay") == "vector"
 
 
