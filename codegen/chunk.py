@@ -59,7 +59,7 @@ import sympy as sp
 
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
-from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints
+from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints, tied_keys_of
 from .address import ROWS, row_offset
 from .decay import decay_hook
 from .ir_source import ir_source
@@ -228,7 +228,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
                 bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
-                intra="bwd_intra" in bplan.kinds(),
+                intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan),
                 fused_grads=_fused_grad_code(ir, em, fused))
 
 
@@ -461,7 +461,8 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
-                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False)
+                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
+                   tied_keys=False)
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))

@@ -443,7 +443,7 @@ def rule_interaction(b: _Builder) -> None:
     if b.family == "additive":
         if scores:
             b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
-                  [Sq := b.new("Sqa", MATRIX, "fp32")], matrices=((Sq.name, "Q", "A", "inclusive"),), **attrs)
+                  [Sq := b.new("Sqa", MATRIX, "in")], matrices=((Sq.name, "Q", "A", "inclusive"),), **attrs)
         return
     if b.family == "tied":
         bind = {"E": b.op("ke"), "A": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
@@ -451,7 +451,7 @@ def rule_interaction(b: _Builder) -> None:
         mats: tuple = ((L.name, "E", "A", "strict"),)
         if scores:
             bind["Q"] = _q_read(b)
-            outs.append(Sq := b.new("Sqa", MATRIX, "fp32"))
+            outs.append(Sq := b.new("Sqa", MATRIX, "in"))
             mats += ((Sq.name, "Q", "A", "inclusive"),)
         b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
         return
@@ -703,6 +703,12 @@ def stored_adjoints(p: Plan) -> tuple[str, ...]:
     return tuple(name for name, reads in p.grad_parts if rest & set(reads) or name in later)
 
 
+def tied_keys_of(p: Plan) -> bool:
+    """Whether the delta family's erase key is its write key (the interaction binds E and A to one operand)."""
+    st = p.find("interaction")
+    return p.family == "tied" and bool(st) and st[0].role("E") == st[0].role("A")
+
+
 def _bwd_scores(p: Plan) -> Stage | None:
     # Per-channel decay: the score matrices' gradients go to memory once per chunk and head, so that the pair
     # gradients are formed on 16×16 sub-blocks (bwd_intra) and not as masked 64-wide products in every key block.
@@ -724,11 +730,16 @@ def _bwd_intra(p: Plan) -> Stage | None:
     if p.structure.decay != "vector":
         return None
     delta = p.family == "tied"
-    outs = [Operand("dq_pair", "[B,T,HV,dk]", "fp32"), Operand("da_pair", "[B,T,HV,dk]", "fp32")]
-    if delta:
+    # with tied keys (E = A) one adjoint holds both roles' shares; the shares of the log-gate's db are written where
+    # bwd_grads then leaves dg (one fp32 [T, HV, dk] buffer fewer)
+    tied_keys = tied_keys_of(p)
+    outs = [Operand("dq_pair", "[B,T,HV,dk]", "fp32"), Operand("da_pair", "[B,T,HV,dk]", "fp32"),
+            Operand("db_pair", "[B,T,HV,dk]", "fp32")]
+    if delta and not tied_keys:
         outs.append(Operand("de_pair", "[B,T,HV,dk]", "fp32"))
     form = "pair gradients of Q*A" + (" and E*-A" if delta else "") + \
-        " on 16x16 sub-blocks: J < I through one reference per block, diagonal blocks by hierarchical references"
+        " on 16x16 sub-blocks: J != I through one reference per block, diagonal blocks token by token; " + \
+        ("da_pair holds both roles of the tied keys; " if tied_keys else "") + "db_pair in the buffer of dg"
     return Stage("bwd_intra", "bwd_intra", ("dSqa",) + (("dL",) if delta else ()), tuple(outs),
                  (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
 
@@ -760,7 +771,8 @@ def _bwd_grads(p: Plan) -> Stage | None:
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
     ins = ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ())
     if vec:
-        ins += ("dq_pair", "da_pair") + (("de_pair", "dbeta_c") if delta else ())
+        ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
+            (("de_pair",) if delta and not tied_keys_of(p) else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 

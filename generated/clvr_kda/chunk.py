@@ -502,22 +502,22 @@ def chunk_interaction_kernel(
         L3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
     # store the decayed output scores Q ⋆ A (zero above the diagonal)
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S0_0, mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S1_0, mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S1_1, mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
     tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
     tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S2_0, mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S2_1, mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S2_2, mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
     tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S3_0, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S3_1, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S3_2, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], S3_3, mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
     # store L' (the residual route and the per-channel decay's backward read it)
     if KEEP:
         tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
@@ -1117,11 +1117,11 @@ def chunk_bwd_scores_kernel(
 #     H200, kda (benchmarks/tune.py, run 22): 1.50 ms, as fast as hierarchical references inside the block
 #     (four masked 16×16 products per level, 1.51 ms) at 152 registers instead of 255; a column-only loop with a
 #     reduction for the other side took 1.62.
-#   Writes the pair shares of dq̂, da, de (fp32); bwd_grads adds them to the per-token terms and takes the decay
-#   gradient.
+#   Writes the pair shares of dq̂, da, de (fp32; da + de in one buffer, the keys being tied; their share of the log-gate's
+#   db into dg's buffer); bwd_grads adds them to the per-token terms and takes the reverse cumsum.
 @triton.jit
 def chunk_bwd_intra_kernel(
-    g_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
+    g_buf, ag_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -1213,9 +1213,12 @@ def chunk_bwd_intra_kernel(
     b_de += b_ace * b_fi
     b_da += b_aca * tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
     m_ik = mb[:, None] & m_k[None, :]
+    # the pairs' share of the log-gate's db (q ⊙ dq + e ⊙ de − a ⊙ da) goes where bwd_grads will leave dg
+    b_db = b_q * b_dq - b_a * b_da + b_e * b_de
+    tl.store(ag_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_db, mask=m_ik)
     tl.store(pq_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
-    tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
-    tl.store(pe_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
+    # tied keys: one adjoint for both roles of a
+    tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da + b_de, mask=m_ik)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then adds the score pairs' shares
@@ -1228,7 +1231,7 @@ def chunk_bwd_intra_kernel(
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf, abeta_buf, ag_buf,
-    dbc_buf, pq_buf, pa_buf, pe_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
+    dbc_buf, pq_buf, pa_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -1297,7 +1300,8 @@ def chunk_bwd_grad_kernel(
     b_dq = tl.load(pq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
-    b_db = b_q * b_dq
+    # bwd_intra left the pairs' share of db in dg's buffer
+    b_db = b_q * b_dqs + tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     tl.store(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
@@ -1306,15 +1310,15 @@ def chunk_bwd_grad_kernel(
     # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_scores
     b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.) - \
         tl.sum(b_ef * b_dew, 1)
-    b_de = tl.load(pe_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+    b_de = tl.zeros([BT, BK], dtype=tl.float32)  # tied keys: the erase role's pair share is in pa_buf
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
     b_de -= b_dews
-    b_db += b_e * b_de
+    b_db -= b_e * b_dews
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
-    b_db -= b_a * b_da
+    b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
@@ -1390,7 +1394,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf") + tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1403,8 +1407,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_intra_kernel': ('g_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1528,7 +1532,7 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     b["pn_q"] = (TT * H * DK, dt)
     b["pn_k"] = (TT * H * DK, dt)
     b["g_buf"] = (TT * HV * DK, f32)
-    b["s_buf"] = (TT * HV * BT, f32)
+    b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
@@ -1689,13 +1693,15 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
     run.launch(first)
     del bufs["dul_buf"]
+    del bufs["kg_buf"], bufs["qg_buf"]  # only the state passes read them
     # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
     # of the chunk-operand adjoints for bwd_grads; the scores are freed before bwd_grads' own buffers are taken
     bufs["dsq_buf"] = buf(TT * HV * BT)
     bufs["dsl_buf"] = buf(TT * HV * BT)
     bufs["dbc_buf"] = buf(TT * HV)
-    for n in ("pq_buf", "pa_buf", "pe_buf"):
+    for n in ("pq_buf", "pa_buf"):
         bufs[n] = buf(TT * HV * DK)
+    bufs["ag_buf"] = buf(TT * HV * DK)  # bwd_intra's share of db, then bwd_grads' dg
     intra = [k for k in kernels if k[0] in ("bwd_scores", "bwd_intra")]
     run.launch(intra)
     del bufs["dsq_buf"]
@@ -1705,7 +1711,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     for n in ("aq_buf", "ae_buf", "aa_buf", ):
         bufs[n] = buf(TT * HV * DK)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
-    bufs["ag_buf"] = buf(TT * HV * DK)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

@@ -980,7 +980,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf") + tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),

@@ -541,22 +541,22 @@ def chunk_interaction_kernel(
         L3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
     # store the decayed output scores Q ⋆ A (zero above the diagonal)
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S0_0, mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
     tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S1_0, mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S1_1, mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
     tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
     tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S2_0, mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S2_1, mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S2_2, mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
     tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], S3_0, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], S3_1, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], S3_2, mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], S3_3, mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
     # store L' (the residual route and the per-channel decay's backward read it)
     if KEEP:
         tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
@@ -1152,13 +1152,13 @@ def chunk_bwd_scores_kernel(
 #     H200, kda (benchmarks/tune.py, run 22): 1.50 ms, as fast as hierarchical references inside the block
 #     (four masked 16×16 products per level, 1.51 ms) at 152 registers instead of 255; a column-only loop with a
 #     reduction for the other side took 1.62.
-#   Writes the pair shares of dq̂, da, de (fp32); bwd_grads adds them to the per-token terms and takes the decay
-#   gradient.
+#   Writes the pair shares of dq̂, da, de (fp32; their share of the log-gate's
+#   db into dg's buffer); bwd_grads adds them to the per-token terms and takes the reverse cumsum.
 @triton.jit
 def chunk_bwd_intra_kernel(
-    p_q, p_k, g_buf, kt_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, cu_seqlens, chunk_indices, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DT_ID: tl.constexpr,
+    p_q, p_k, g_buf, kt_buf, ag_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, cu_seqlens, chunk_indices,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1249,6 +1249,9 @@ def chunk_bwd_intra_kernel(
     b_de += b_ace * b_fi
     b_da += b_aca * tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
     m_ik = mb[:, None] & m_k[None, :]
+    # the pairs' share of the log-gate's db (q ⊙ dq + e ⊙ de − a ⊙ da) goes where bwd_grads will leave dg
+    b_db = b_q * b_dq - b_a * b_da + b_e * b_de
+    tl.store(ag_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_db, mask=m_ik)
     tl.store(pq_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
     tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
     tl.store(pe_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
@@ -1332,7 +1335,8 @@ def chunk_bwd_grad_kernel(
     b_dq = tl.load(pq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
-    b_db = b_q * b_dq
+    # bwd_intra left the pairs' share of db in dg's buffer
+    b_db = b_q * b_dqs + tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += b_dq
     tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
@@ -1347,11 +1351,11 @@ def chunk_bwd_grad_kernel(
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
     b_de -= b_dews
-    b_db += b_e * b_de
+    b_db -= b_e * b_dews
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
-    b_db -= b_a * b_da
+    b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
@@ -1508,7 +1512,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf") + tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
@@ -1521,7 +1525,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
@@ -1645,7 +1649,7 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     f32 = torch.float32
     b = {}
     b["g_buf"] = (TT * HV * DK, f32)
-    b["s_buf"] = (TT * HV * BT, f32)
+    b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["kt_buf"] = (TT * HP * DK, f32)
     if keep:
         b["stat_buf"] = (TT * HP * DK, f32)
@@ -1812,6 +1816,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
     run.launch(first)
     del bufs["dul_buf"]
+    del bufs["kg_buf"], bufs["qg_buf"]  # only the state passes read them
     # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
     # of the chunk-operand adjoints for bwd_grads; the scores are freed before bwd_grads' own buffers are taken
     bufs["dsq_buf"] = buf(TT * HV * BT)
@@ -1819,6 +1824,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["dbc_buf"] = buf(TT * HV)
     for n in ("pq_buf", "pa_buf", "pe_buf"):
         bufs[n] = buf(TT * HV * DK)
+    bufs["ag_buf"] = buf(TT * HV * DK)  # bwd_intra's share of db, then bwd_grads' dg
     intra = [k for k in kernels if k[0] in ("bwd_scores", "bwd_intra")]
     run.launch(intra)
     del bufs["dsq_buf"]
@@ -1828,7 +1834,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     for n in ("ae_buf", "aa_buf", ):
         bufs[n] = buf(TT * HV * DK)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
-    bufs["ag_buf"] = buf(TT * HV * DK)
     bufs["da_fin"] = fin("A")
     bufs["da0"] = buf(N * HP * DK)
     bufs["apinc_buf"] = buf(TT * HP * DK)
