@@ -36,7 +36,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # 96 B spill; BK 128 1448 B, BK 64 1072 B). H200, kda (benchmarks/tune.py, run 13): BK 32 with 2 warps
             # 2.09 ms, 4 warps 2.16, 8 warps 3.95 (16×16 tiles leave most of 8 warps idle)
             return min(32, BK), bv_full, 2, 1
-        return bk_block, bv_full, 2, 1  # H200 (benchmarks/tune.py, gdn): 2 warps 0.21 ms, 4 warps 0.39
+        # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
+        # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
+        # (compile report: 255 registers + 40 B spill, against 252 and none at 2 warps, and still twice as fast)
+        return bk_block, bv_full, 1, 1
     if name == "decay_keys":
         return bk_block, bv_full, 4, 1
     if name == "wy":
@@ -45,11 +48,13 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
         # The state's key rows as 64-row tiles (two; BK = dk / 2 past dk = 128), as FLA's blockdim64 kernels
-        # hold them, and BV 64. Compile report (gdn, dk = dv = 128, sm_90): 234 registers, no spill. H200 (run 11):
+        # hold them. Compile report (gdn, dk = dv = 128, sm_90, BV 64): 234 registers, no spill. H200 (run 11):
         # 0.374 ms for two calls, no faster than the full-width [128, 32] tiles (0.367, run 9) and pgdn's bf16
         # gradients correct; the full-width tiles at BV 64 had faulted at 3 stages under Triton 3.6 and given NaN
         # in pgdn's bf16 backward at 2 (benchmarks/NOTES.md, runs 3-5).
-        return max(bk_block, BK // 2), bv_full, 4, 2
+        # BV 32 (run 25, tune.py): gdn 0.297 ms against BV 64's 0.321 (twice the programs: 256 at B = 4, H = 16),
+        # kda 0.345 against 0.360; 8 warps or 3 stages slower
+        return max(bk_block, BK // 2), min(32, bv_full), 4, 2
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
         # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128
