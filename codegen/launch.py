@@ -39,6 +39,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
         # (compile report: 255 registers + 40 B spill, against 252 and none at 2 warps, and still twice as fast)
+        if decay == "none":
+            # without a decay the solve's block merges run in IEEE fp32 (codegen/templates/chunk_interaction.jinja:
+            # tf32 ones raised delta_rule's o above FLA's), and those spill 856 B at 1 warp, none at 2 (run 17's
+            # setting: 0.195 ms for delta_rule)
+            return bk_block, bv_full, 2, 1
         return bk_block, bv_full, 1, 1
     if name == "decay_keys":
         return bk_block, bv_full, 4, 1

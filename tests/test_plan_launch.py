@@ -27,7 +27,8 @@ CHUNK = [s for s in SPECS if supports_chunk(dgps.load(SPEC_DIR / f"{s}.dgps").ir
 
 # a backward stage kind -> its kernel
 BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pass": "chunk_bwd_state_kernel",
-              "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
+              "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
+              "bwd_grads": "chunk_bwd_grad_kernel",
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
               "bwd_precond_diag": "chunk_bwd_precond_diag_kernel", "bwd_inputs": "chunk_bwd_inputs_kernel"}
 
