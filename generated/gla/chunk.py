@@ -915,6 +915,8 @@ def chunk_bwd_intra_kernel(
         r_s = t0 + i_i * BC + s
         rs1 = r_s + tl.arange(0, 1)
         ms1 = rs1 < eos
+        # masks as tensors (Triton 3.9's interpreter refuses a scalar comparison, or an & of two, as a load's mask)
+        ms = tl.where(r_s < eos, o_c < BC, False)
         b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
         _b_as_k = tl.load(p_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_k, 0.)
@@ -923,15 +925,16 @@ def chunk_bwd_intra_kernel(
         b_f = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
         b_h = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
         b_sc = tl.load(dsq_buf + rb * (HV * BT) + i_hv * BT + i_i * BC + s, mask=mb, other=0.)[:, None]
-        b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=r_s < eos, other=0.)[:, None]
+        b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=ms, other=0.)[:, None]
         b_dq += b_sc * b_as * b_f
         b_da += b_sr * b_qs * b_h
     # rows of I against the earlier blocks J: r = b at the token before I (e^{b_t − r}, e^{r − b_j} ≤ 1);
     # columns of I against the later blocks J: r' = b at I's last token (a later block exists only where it does)
     r_0 = t0 + i_i * BC - 1
-    b_r0 = tl.load(g_buf + (r_0 * HV + i_hv) * DK + o_k, mask=(i_i > 0) & (r_0 < eos) & m_k, other=0.)
+    b_r0 = tl.load(g_buf + (r_0 * HV + i_hv) * DK + o_k, mask=tl.where(i_i > 0, tl.where(r_0 < eos, m_k, False), False),
+                   other=0.)
     r_1 = t0 + i_i * BC + BC - 1
-    b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=(r_1 < eos) & m_k, other=0.)
+    b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=tl.where(r_1 < eos, m_k, False), other=0.)
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
     b_aca = tl.zeros([BC, BK], dtype=tl.float32)
     # a constant trip count (the interpreter takes no tensor range bound); the two sides are uniform branches
