@@ -218,6 +218,10 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     fused = plan.elementwise_grads
     grad_code, parts = _input_grad_code(ir, em, skip=fused)
     stored = stored_adjoints(plan)
+    if (plan.structure.decay == "vector") != ("bwd_intra" in bplan.kinds()):
+        raise AssertionError(f"{ir.name}: per-channel decay's pair gradients come from bwd_intra, and only then")
+    if tied_keys_of(plan) != (not ir.structure.additive and ir.solve.erase_key == ir.solve.write_key):
+        raise AssertionError(f"{ir.name}: the plan's tied keys disagree with the IR's erase and write keys")
     # a chunk-operand adjoint goes to memory exactly when the chain rule left to bwd_inputs reads it
     for p in parts:
         if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
@@ -521,7 +525,7 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
     if delta or s.beta != 1:
         parts.append(_Part("beta", s.beta, None, _key_partials("a_beta", "abeta_buf")))
     parts.append(_Part("z", s.target, "value", "a_z = " + _tok("az_buf", "value")))
-    if delta:
+    if delta and s.erase_key != s.write_key:  # tied keys: one adjoint (the write key's) for both roles
         assert s.erase_key is not None
         parts.append(_Part("e", s.erase_key, "key", "a_e = " + _tok("ae_buf", "key")))
     parts.append(_Part("a", s.write_key, "key", "a_a = " + _tok("aa_buf", "key")))

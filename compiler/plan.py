@@ -624,7 +624,8 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
         return tuple(sorted(n for n in (x.name for x in getattr(expr, "free_symbols", ())) if n in names))
 
     parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(s.target))]
-    if not ir.structure.additive and s.erase_key is not None:
+    if not ir.structure.additive and s.erase_key is not None and s.erase_key != s.write_key:
+        # tied keys (E = A) have one adjoint for both roles: bwd_grads sums them (one fp32 [T, HV, dk] buffer fewer)
         parts.append(("dke", reads(s.erase_key)))
     if ir.precond.kind == "exact":
         return tuple(parts), ()  # no chunked backward

@@ -843,8 +843,8 @@ def chunk_bwd_state_kernel(
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, p_beta, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, du_buf, aq_buf, ae_buf, aa_buf,
-    abeta_buf, ag_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    p_v, p_beta, g_buf, t_buf, l_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, du_buf, aq_buf, aa_buf, abeta_buf,
+    ag_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -956,7 +956,8 @@ def chunk_bwd_grad_kernel(
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
-    tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
+    # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
+    b_da += b_de
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
@@ -965,11 +966,11 @@ def chunk_bwd_grad_kernel(
     tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
-#   Parts: q = q; lg = g; beta = beta; e = k; a = k
+#   Parts: q = q; lg = g; beta = beta; a = k
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, aq_buf, ae_buf, aa_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_g, dx_beta, cu_seqlens, chunk_indices, TT,
+    p_q, p_k, aq_buf, aa_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_g, dx_beta, cu_seqlens, chunk_indices, TT,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
@@ -997,7 +998,6 @@ def chunk_bwd_inputs_kernel(
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
         a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-    a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
@@ -1009,7 +1009,6 @@ def chunk_bwd_inputs_kernel(
     tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
-    g_k += a_e
     g_k += a_a
     x_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.).to(tl.float32)
     r_k = tl.rsqrt(tl.sum(x_k * x_k, 1) + 1e-06)[:, None]
@@ -1047,8 +1046,8 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_v', 'g_buf', 'l_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'l_buf', 'do_buf', 'dr_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1328,7 +1327,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     run.launch(first)
     del bufs["dul_buf"]
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
-    for n in ("aq_buf", "ae_buf", "aa_buf", ):
+    for n in ("aq_buf", "aa_buf", ):
         bufs[n] = buf(TT * HV * DK)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
     bufs["ag_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads

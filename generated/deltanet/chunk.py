@@ -784,8 +784,9 @@ def chunk_bwd_grad_kernel(
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew
     b_de -= b_dews
+    # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
+    b_da += b_de
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
-    g_k += b_de
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
