@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dgps
 from dgps.codegen.chunk import render_chunk, supports_chunk, supports_chunk_backward
@@ -43,13 +45,13 @@ CHUNK_SPECS = [n for n in ALL_SPECS if supports_chunk(load(n).ir)[0]]
 
 def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int | None = None, dk: int = 16,
                     dv: int = 16, varlen: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    gate_shift: float = 0.0) -> float:
+                    gate_shift: float = 0.0, cuts: tuple[int, ...] = (1, 70)) -> float:
     rec = load(name)
     HV = HV or H
     cu = None
     if varlen:
         B = 1
-        cu = torch.unique(torch.tensor([0, 1, min(70, T - 1), T]))
+        cu = torch.unique(torch.tensor([0, *(min(c, T - 1) for c in cuts), T]))
     N = len(cu) - 1 if cu is not None else B
     dims = Dims(B, T, H, HV, dk, dv)
     x = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed)
@@ -152,6 +154,18 @@ def test_strong_gates(name: str) -> None:
     # log-gates around −40 per token: e^b underflows inside a chunk; every factor must stay finite and every
     # gradient but the (vanishing) gate's must meet the fp32 tolerance
     check_gradients(name, T=80, gate_shift=-40.0)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["kda", "gla", "gdn2"]), T=st.integers(1, 140), G=st.sampled_from([1, 2]),
+       dk=st.sampled_from([8, 16, 24]), cuts=st.lists(st.integers(1, 139), min_size=0, max_size=3),
+       strong=st.booleans(), seed=st.integers(0, 2**16))
+def test_vector_decay_backward_hypothesis(name: str, T: int, G: int, dk: int, cuts: list[int], strong: bool,
+                                          seed: int) -> None:
+    """Per-channel decay's backward stages (bwd_scores, bwd_intra's 16-token row blocks, decay_keys): sequence ends
+    and varlen boundaries anywhere inside a row block, grouped heads, padded key channels, strong gates."""
+    check_gradients(name, T=T, H=1, HV=G, dk=dk, dv=8, varlen=bool(cuts), cuts=tuple(cuts), seed=seed,
+                    gate_shift=-40.0 if strong else 0.0)
 
 
 def test_every_chunk_spec_has_a_chunked_backward() -> None:
