@@ -35,7 +35,7 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
     bwd_scores           per-channel decay: the score matrices' gradients dS, dL' (and dβ's c×c share), once
                          per chunk and head, to memory
     bwd_intra            per-channel decay: the pair gradients of the decayed scores on 16×16 sub-blocks (one
-                         reference per off-diagonal block, hierarchical references inside diagonal blocks)
+                         reference per off-diagonal block, the diagonal blocks token by token)
     bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
                          (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; scalar-decay score pairs as masked
                          matmuls, per-channel pairs from bwd_intra; dg = reverse cumsum of db)
@@ -218,10 +218,9 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     fused = plan.elementwise_grads
     grad_code, parts = _input_grad_code(ir, em, skip=fused)
     stored = stored_adjoints(plan)
+    # the templates keep no per-channel path without these stages
     if (plan.structure.decay == "vector") != ("bwd_intra" in bplan.kinds()):
         raise AssertionError(f"{ir.name}: per-channel decay's pair gradients come from bwd_intra, and only then")
-    if tied_keys_of(plan) != (not ir.structure.additive and ir.solve.erase_key == ir.solve.write_key):
-        raise AssertionError(f"{ir.name}: the plan's tied keys disagree with the IR's erase and write keys")
     # a chunk-operand adjoint goes to memory exactly when the chain rule left to bwd_inputs reads it
     for p in parts:
         if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
@@ -471,6 +470,8 @@ def _context(ir: IR) -> dict:
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
+    if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
+        raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx

@@ -705,9 +705,8 @@ def stored_adjoints(p: Plan) -> tuple[str, ...]:
 
 
 def tied_keys_of(p: Plan) -> bool:
-    """Whether the delta family's erase key is its write key (the interaction binds E and A to one operand)."""
-    st = p.find("interaction")
-    return p.family == "tied" and bool(st) and st[0].role("E") == st[0].role("A")
+    """Whether the delta family's erase key is its write key: `_grad_parts` then gave both roles one adjoint."""
+    return p.family == "tied" and "dke" not in dict(p.grad_parts)
 
 
 def _bwd_scores(p: Plan) -> Stage | None:
