@@ -42,6 +42,83 @@ def kernel_sum_ms(f, x) -> float:  # noqa: ANN001
     return total / 1000
 
 
+def _per_call_us(f, n: int = 400) -> float:  # noqa: ANN001
+    import time
+
+    for _ in range(20):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def breakdown(system: str, H: int, D: int) -> dict[str, float]:
+    """Host µs per call of each layer of the dgps forward at B=1, T=256 (kernels of a few µs, so host-bound)."""
+    import dgps.fla_compat as dgps_fla
+    import dgps.runtime.fla_compat as compat
+
+    x = make_inputs(system, 1, 256, H, D)
+    f = calls(dgps_fla)[system]
+    seen: dict = {}
+    run = compat._run
+
+    def spy(fn, spec, inputs, **kw):  # noqa: ANN001, ANN202
+        seen.update(spec=spec, inputs={n: t for n, t in inputs.items() if t is not None})
+        return run(fn, spec, inputs, **kw)
+
+    compat._run = spy
+    f(x)
+    compat._run = run
+    pkg = compat.compiled(seen["spec"])
+    inputs = seen["inputs"]
+    chunk = pkg.chunk
+    out = {"fla_compat": _per_call_us(lambda: f(x)), "pkg.forward": _per_call_us(lambda: pkg.forward(**inputs))}
+    out["chunk_forward"] = _per_call_us(lambda: chunk.chunk_forward(inputs, initial_state=None))
+    launch = chunk._Run.launch
+    chunk._Run.launch = lambda self, kernels: None
+    try:
+        out["chunk_forward_without_launches"] = _per_call_us(lambda: chunk.chunk_forward(inputs, initial_state=None))
+    finally:
+        chunk._Run.launch = launch
+    # one Triton launch alone, through JITFunction.__getitem__ (the path the package takes)
+    captured: list = []
+
+    def grab(self, kernels):  # noqa: ANN001, ANN202
+        captured.append(kernels)
+        return launch(self, kernels)
+
+    chunk._Run.launch = grab
+    orig_getitem = type(chunk.chunk_state_pass_kernel).__getitem__
+    calls_seen: list = []
+
+    def getitem(self, grid):  # noqa: ANN001, ANN202
+        fn = orig_getitem(self, grid)
+        return lambda **kw: calls_seen.append((fn, kw)) or fn(**kw)
+
+    type(chunk.chunk_state_pass_kernel).__getitem__ = getitem
+    try:
+        chunk.chunk_forward(inputs, initial_state=None)
+    finally:
+        chunk._Run.launch = launch
+        type(chunk.chunk_state_pass_kernel).__getitem__ = orig_getitem
+    for i, (fn, kw) in enumerate(calls_seen):
+        out[f"launch_{i}_{len(kw)}args"] = _per_call_us(lambda fn=fn, kw=kw: fn(**kw))
+    # the custom-op dispatch alone: an op of the same arity whose body allocates the outputs
+    tensors = list(inputs.values())
+    n_in = len(tensors)
+
+    @torch.library.custom_op(f"dgps_host_probe::{system}", mutates_args=())
+    def probe(ts: list[torch.Tensor], scale: float, keep: bool) -> list[torch.Tensor]:
+        return [torch.empty_like(ts[0]) for _ in range(n_in)]
+
+    out["custom_op_probe"] = _per_call_us(lambda: probe(tensors, 1.0, False))
+    out["torch_empty_x10"] = _per_call_us(lambda: [torch.empty(1024, device="cuda") for _ in range(10)])
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def main() -> int:
     import triton.testing
 
@@ -52,7 +129,11 @@ def main() -> int:
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128])
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--breakdown", action="store_true", help="per layer of the dgps call, at the tiny shape")
     args = p.parse_args()
+    if args.breakdown:
+        for system in args.systems:
+            print(system, "host µs per call", json.dumps(breakdown(system, args.shape[2], args.shape[3])), flush=True)
     sides = {"dgps": calls(dgps_fla), "fla": calls(fla_module())}
     result: dict = {}
     for system in args.systems:
@@ -63,9 +144,9 @@ def main() -> int:
             f = fns[system]
             f(tiny), f(full)
             torch.cuda.synchronize()
-            row[f"{side}_tiny_ms"] = triton.testing.do_bench(lambda f=f: f(tiny), warmup=20, rep=200,
+            row[f"{side}_tiny_ms"] = triton.testing.do_bench(lambda f=f, x=tiny: f(x), warmup=20, rep=200,
                                                              return_mode="median")
-            row[f"{side}_full_ms"] = triton.testing.do_bench(lambda f=f: f(full), warmup=10, rep=100,
+            row[f"{side}_full_ms"] = triton.testing.do_bench(lambda f=f, x=full: f(x), warmup=10, rep=100,
                                                              return_mode="median")
             row[f"{side}_full_kernels_ms"] = kernel_sum_ms(f, full)
         print(system, json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
@@ -78,7 +159,7 @@ def main() -> int:
             pr.disable()
             torch.cuda.synchronize()
             s = io.StringIO()
-            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+            pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(30)
             print(s.getvalue()[:6000], flush=True)
         result[system] = row
     if args.json:
