@@ -119,6 +119,49 @@ def breakdown(system: str, H: int, D: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
+def compare_bound(system: str, shape: list[int]) -> dict:
+    """o and every gradient with runtime/launcher.py's direct launches and with Triton's bound path (bitwise), and
+    the tiny-shape / full-shape forward and forward+backward wall clock of both, interleaved."""
+    import statistics
+
+    import triton.testing
+
+    import dgps.fla_compat as dgps_fla
+    from dgps.runtime import launcher
+
+    f = calls(dgps_fla)[system]
+    out: dict = {}
+    for label, (B, T) in (("tiny", (1, 256)), ("full", tuple(shape[:2]))):
+        x = make_inputs(system, B, T, shape[2], shape[3])
+        do = torch.randn_like(x["v"])
+        results = {}
+        for bound in (True, False):
+            launcher.BOUND_ONLY = bound
+            leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
+            o = f(leaves)
+            o.backward(do)
+            o2 = f(leaves)  # a second call: the direct path is taken from the second call of a geometry on
+            results[bound] = [o, o2] + [leaves[k].grad for k in sorted(leaves)]
+        out[f"{label}_bitwise_equal"] = all(torch.equal(a, b) for a, b in zip(results[True], results[False], strict=True))
+
+        def step(x=x, do=do) -> None:
+            leaves = {k: v.detach().requires_grad_(True) for k, v in x.items()}
+            f(leaves).backward(do)
+
+        times: dict[str, list[float]] = {}
+        for _ in range(5):
+            for bound in (True, False):
+                launcher.BOUND_ONLY = bound
+                tag = "bound" if bound else "direct"
+                times.setdefault(f"{label}_fwd_{tag}", []).append(
+                    triton.testing.do_bench(lambda x=x: f(x), warmup=10, rep=50, return_mode="median"))
+                times.setdefault(f"{label}_fwdbwd_{tag}", []).append(
+                    triton.testing.do_bench(step, warmup=5, rep=50, return_mode="median"))
+        out.update({k: round(statistics.median(v), 4) for k, v in times.items()})
+    launcher.BOUND_ONLY = False
+    return out
+
+
 def main() -> int:
     import triton.testing
 
@@ -130,7 +173,12 @@ def main() -> int:
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--breakdown", action="store_true", help="per layer of the dgps call, at the tiny shape")
+    p.add_argument("--compare-bound", action="store_true",
+                   help="dgps's direct launches against Triton's bound path: bitwise-equal results, host time")
     args = p.parse_args()
+    if args.compare_bound:
+        for system in args.systems:
+            print(system, "direct vs bound launches", json.dumps(compare_bound(system, args.shape)), flush=True)
     if args.breakdown:
         for system in args.systems:
             print(system, "host µs per call", json.dumps(breakdown(system, args.shape[2], args.shape[3])), flush=True)
