@@ -102,6 +102,12 @@ class VectorDecay(Decay):
     def rows(self, g: str) -> str:
         return f"tl.exp2({g})"
 
+    def load_prev(self, var: str, rows: str, mask: str) -> str:
+        """`var` = b_{t−1} at `rows`, the exclusive cumsum (0 at the chunk's first token t0): row t − 1 of b's
+        buffer, so that e^{b_{t−1} − b_j} is exactly 1 at j = t − 1 (b_t − g_t would not be)."""
+        return (f"{var} = tl.load(g_buf + (({rows} - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], "
+                f"mask=({mask} & ({rows} > t0))[:, None] & m_k[None, :], other=0.)")
+
     def to_end(self, gl: str, g: str) -> str:
         return f"tl.exp2(tl.minimum({gl}[None, :] - {g}, 0.))"
 

@@ -11,14 +11,17 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     l2norm            q, k -> qn, kn
     gates             elementwise gate / gain / key expressions (sympy, evaluated per token)
     chunk_cumsum      chunk-local inclusive cumsum b of a log-gate (and the exclusive b_{t-1} when the
-                      erase reads the undecayed state); Triton keeps it in log2 space
+                      erase reads the undecayed state: the Triton kernels read it as b one token earlier);
+                      Triton keeps it in log2 space
     precond_diag      PDN statistic pass [5] -> write key kw (or read query qp), A_final
     precond_exact     P_n pass + per-chunk Cholesky [6] -> kw (ATK) or qp (ATQ), P_final
     curvature_query   CCQ statistics [4] -> read query qp, C/m/n finals
     interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
                       untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
-    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1}
+    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1} (fused into the
+                      interaction for both)
     wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
+    decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B)
     state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R
     output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s]
 
@@ -473,7 +476,8 @@ def rule_triangular_solve(b: _Builder) -> None:
               fused="interaction")  # the 16×16 blocks of L' never leave registers
     else:
         b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "fp32")],
-              family="untied", form="(I - Aef)^-1")
+              family="untied", form="(I - Aef)^-1",
+              fused="interaction")  # as for the tied family: E⋆⁻F's 16×16 blocks never leave registers
 
 
 def rule_wy(b: _Builder) -> None:
@@ -492,7 +496,14 @@ def rule_wy(b: _Builder) -> None:
 def rule_decay_keys(b: _Builder) -> None:
     # Per-channel decay: the state passes' key operands A ⊙ e^{b_c − B} and Q ⊙ e^B, formed once per token by a
     # parallel stage, so that the sequential passes load them instead of the gates and their exponentials.
-    if b.s.decay != "vector" or b.family == "untied":
+    # Untied DPLR has two write streams: F ⊙ e^{b_c − B} (the erase stream's key, whose values are U) and
+    # W ⊙ e^{b_c − B} (the write key's, values V').
+    if b.s.decay != "vector":
+        return
+    if b.family == "untied":
+        outs = [b.new("Fg", "[B,T,HV,dk]", "in"), b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
+        b.add("decay_keys", "decay_keys", {"F": b.op("f"), "A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
+              form="Fg = F e^(b_c - B), Kg = W e^(b_c - B), Qg = Q e^B")
         return
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
     b.add("decay_keys", "decay_keys", {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
@@ -505,7 +516,7 @@ def _streams(b: _Builder) -> tuple[tuple[str, str], ...]:
         return ((b.op("Kg") or b.op("kw"), b.op("vp")),)  # type: ignore[return-value]
     if b.family == "tied":
         return ((b.op("Kg") or b.op("kw"), b.op("U")),)  # type: ignore[return-value]
-    return ((b.op("f"), b.op("U")), (b.op("kw"), b.op("vp")))  # type: ignore[return-value]
+    return ((b.op("Fg") or b.op("f"), b.op("U")), (b.op("Kg") or b.op("kw"), b.op("vp")))  # type: ignore[return-value]
 
 
 def rule_state_pass(b: _Builder) -> None:
@@ -537,7 +548,7 @@ def rule_state_pass(b: _Builder) -> None:
 def rule_output(b: _Builder) -> None:
     bind: dict[str, str | None] = {"Q": _q_read(b), "Hn": b.op("Hn"), "b": b.op("b")}
     if b.family == "untied":
-        bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"))
+        bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"), Qg=b.op("Qg"))
         scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
         inline = False
     elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B
@@ -967,8 +978,9 @@ def _tc_wy(st: Stage, t: dict[str, Operand]) -> None:
 
 
 def _tc_decay_keys(st: Stage, t: dict[str, Operand]) -> None:
-    for r in ("A", "Q", "b"):
-        _token(t[st.bind[r]], "dk", st.name)
+    for r in ("F", "A", "Q", "b"):
+        if r in st.bind:
+            _token(t[st.bind[r]], "dk", st.name)
     for o in st.outputs:
         if o.shape != "[B,T,HV,dk]":
             raise PlanTypeError(f"{st.name}: {o} must be [B,T,HV,dk]")

@@ -313,14 +313,16 @@ def run_wy(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
 
 
 def run_decay_keys(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay)."""
-    Ks, Qs = [], []
-    for _, _, _, x in _chunks_of(ctx, vals, st, "A", "Q", "b"):
+    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay); untied DPLR also Fg = F ⊙ e^{b_c − B}."""
+    keys = ("F", "A") if st.role("F") is not None else ("A",)
+    pieces: list[list[torch.Tensor]] = [[] for _ in range(len(keys) + 1)]
+    for _, _, _, x in _chunks_of(ctx, vals, st, *keys, "Q", "b"):
         b = x["b"]
         assert b is not None
-        Ks.append(x["A"] * torch.exp(b[..., -1:, :] - b))  # type: ignore[operator]
-        Qs.append(x["Q"] * torch.exp(b))  # type: ignore[operator]
-    return {st.outputs[0].name: _unchunk(Ks), st.outputs[1].name: _unchunk(Qs)}
+        for i, r in enumerate(keys):
+            pieces[i].append(x[r] * torch.exp(b[..., -1:, :] - b))  # type: ignore[operator]
+        pieces[-1].append(x["Q"] * torch.exp(b))  # type: ignore[operator]
+    return {o.name: _unchunk(p) for o, p in zip(st.outputs, pieces, strict=True)}
 
 
 def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:

@@ -49,7 +49,7 @@ from dgps.runtime.verify import Row
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAWN = ("gdn", "kda", "pgdn", "ccq_gdn", "simple_gla")
-NO_CHUNK_BACKWARD = ("rwkv7_dplr", "exact_atk")  # no backward plan; rwkv7's package also runs the recurrent forward
+NO_CHUNK_BACKWARD = ("rwkv7_dplr", "exact_atk")  # no backward plan (rwkv7: chunked forward, recurrent backward)
 STAGE_FILL = (232, 240, 254)  # svg.plan rect.stage's fill in the page's CSS: a drawn stage box
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "wbr", "source", "track", "param", "embed"}
 

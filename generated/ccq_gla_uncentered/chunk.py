@@ -30,6 +30,7 @@ import triton.language as tl
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
+from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled
 from dgps.runtime.reference import RecurrenceOutput, initial_states
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
@@ -1256,10 +1257,12 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "stat_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf") + tuple("dx_" + n for n in _INPUTS) + \
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
+            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf") + tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf")
+_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+               "wg_buf", "aew_buf", "aqw_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1351,13 +1354,36 @@ class _Run:
         self.__dict__.update(kw)
 
     def launch(self, kernels):
-        # every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its body when
-        # the module was generated): Triton's launch cost grows with the argument count
-        values = {"p_" + n: self.x[n] for n in _INPUTS}
-        values.update(self.bufs)
+        # the launch list of this geometry is built once (grids, launch settings, constants); a call only names
+        # its tensors. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
+        # body when the module was generated): Triton's launch cost grows with the argument count.
+        key = (tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
+               float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
+               self.device, tuple(LAUNCH_OVERRIDES.items()))
+        launches = _LAUNCH_LISTS.get(key)
+        if launches is None:
+            if len(_LAUNCH_LISTS) > 256:
+                _LAUNCH_LISTS.clear()
+            launches = _LAUNCH_LISTS[key] = self._launch_list(kernels)
+            if not self.interpret and parallel_compile_enabled():
+                # a cold first call: compile the whole launch list at once (runtime/warmup.py)
+                compile_in_parallel([(k, g, dict(c, **{n: self._tensor(n) for n in t})) for k, g, c, t in launches],
+                                    key)
+        tensors = {"p_" + n: self.x[n] for n in _INPUTS}
+        tensors.update(self.bufs)
+        tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
+        launch_all(launches, tensors, key, self.interpret)
+
+    def _tensor(self, name):
+        if name.startswith("p_") and name[2:] in self.x:
+            return self.x[name[2:]]
+        return {"cu_seqlens": self.cu, "chunk_indices": self.chunk_indices,
+                "chunk_offsets": self.chunk_offsets}.get(name, self.bufs.get(name))
+
+    def _launch_list(self, kernels):
+        """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
-        values.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
-                      scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
+        consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg)
         launches = []
@@ -1379,15 +1405,15 @@ class _Run:
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
-            values.update(BK=BK, BV=BV)
-            launches.append((kernel, grid, dict({a: values[a] for a in _KERNEL_ARGS[kernel.__name__]},
-                                                num_warps=num_warps, num_stages=num_stages)))
-        if not self.interpret and parallel_compile_enabled():
-            # a cold first call: compile the whole launch list at once (runtime/warmup.py)
-            compile_in_parallel(launches, (tuple(k[1].__name__ for k in kernels), H, HV, DK, DV, self.dt_id,
-                                           self.keep, self.store_final, self.nkp, self.nkg))
-        for kernel, grid, kwargs in launches:
-            kernel[grid](**kwargs)
+            consts.update(BK=BK, BV=BV)
+            args = _KERNEL_ARGS[kernel.__name__]
+            const = {a: consts[a] for a in args if a in consts}
+            launches.append((kernel, grid, dict(const, num_warps=num_warps, num_stages=num_stages),
+                             tuple(a for a in args if a not in consts)))
+        return launches
+
+
+_LAUNCH_LISTS = {}
 
 
 def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):

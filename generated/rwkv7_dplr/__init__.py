@@ -1,6 +1,6 @@
 """Recurrence `rwkv7_dplr`, compiled by dgps 0.1.0 from spec.dgps. Generated: do not edit.
 
-    dgps.generated.rwkv7_dplr.forward(...)    the forward pass (recurrent kernels), FLA layout [B, T, heads, channel]
+    dgps.generated.rwkv7_dplr.forward(...)    the forward pass (chunked kernels), FLA layout [B, T, heads, channel]
     dgps.generated.rwkv7_dplr.decode(...)     single/few-step recurrent kernel that updates the states in place
     dgps.generated.rwkv7_dplr.reference(...)  the float64-capable sequential reference derived from the same spec
 """
@@ -20,6 +20,7 @@ from dgps.runtime.reference import reference as _reference
 from dgps.runtime.tensors import check_cu_seqlens, check_inputs
 
 from . import backward, recurrent
+from . import chunk
 
 _HERE = Path(__file__).resolve().parent
 SPEC_TEXT = (_HERE / "spec.dgps").read_text()
@@ -45,9 +46,8 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, 
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
                  scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
     """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
-    # No chunk form emitted: untied DPLR solve (f != w): needs four interaction matrices; not generated
-    return recurrent.recurrent_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
-                                       scale=scale), []
+    return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+                               scale=scale), []
 
 
 # The forward and backward kernels are registered as custom ops, so autograd and
@@ -93,7 +93,7 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    # No chunked backward emitted: untied DPLR solve (f != w): needs four interaction matrices; not generated
+    # No chunked backward emitted: the chunk plan has no chunked backward for this family
     g_in, g_state = backward.recurrent_backward(
         {"q": q, "k": k, "v": v, "w": w, "kappa": kappa, "iclr": iclr}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
         cu_seqlens=cu_seqlens, scale=scale,
