@@ -35,6 +35,13 @@ _MAX_ENTRIES = 256
 BOUND_ONLY = os.environ.get("DGPS_BOUND_LAUNCH", "0") not in ("", "0")
 
 
+def current_stream() -> Any:
+    """The current CUDA stream's handle, as Triton's launcher takes it."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(driver.active.get_current_device())
+
+
 def _tensor_key(tensors: Mapping[str, torch.Tensor], names: Sequence[str]) -> tuple:
     return tuple((t.dtype, t.data_ptr() & 15 == 0) for t in (tensors[n] for n in names))
 
@@ -57,10 +64,8 @@ def launch_all(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], 
         _record(launches, tensors, call_key)
         return
     from triton import knobs
-    from triton.runtime.driver import driver
 
-    device = driver.active.get_current_device()
-    stream = driver.active.get_current_stream(device)
+    stream = current_stream()
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     for ck, grid, spec in compiled:
         args = [tensors[v] if is_tensor else v for is_tensor, v in spec]

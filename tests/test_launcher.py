@@ -1,0 +1,89 @@
+"""runtime/launcher.py: the direct launches replay exactly what Triton's bound path was given.
+
+No GPU here, so Triton's kernels are stood in for by objects with the same attributes: a JIT function whose
+`kernel[grid](**kwargs)` records the call and returns a compiled kernel whose `run` records its arguments.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgps.runtime import launcher
+
+
+class _Compiled:
+    def __init__(self, log: list) -> None:
+        self.log, self.function, self.packed_metadata = log, "fn", "meta"
+
+    def launch_metadata(self, grid, stream, *args):  # noqa: ANN001, ANN201
+        return None
+
+    def run(self, g0, g1, g2, stream, function, packed, meta, enter, leave, *args):  # noqa: ANN001, ANN201
+        self.log.append(("direct", (g0, g1, g2), stream, args))
+
+
+class _Kernel:
+    def __init__(self, arg_names: list[str], compiled_attrs: bool = True) -> None:
+        self.arg_names, self.log = arg_names, []
+        self.compiled = _Compiled(self.log) if compiled_attrs else object()
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        def call(**kwargs):  # noqa: ANN202
+            self.log.append(("bound", tuple(grid), kwargs))
+            return self.compiled
+        return call
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher._COMPILED.clear()
+    launcher._LIST_NAMES.clear()
+    monkeypatch.setattr(launcher, "BOUND_ONLY", False)
+    monkeypatch.setattr(launcher, "current_stream", lambda: 7)
+
+
+def _launches(kernel: _Kernel) -> list:
+    return [(kernel, (4, 2), {"H": 16, "scale": 0.5, "num_warps": 4, "num_stages": 2}, ("x", "y"))]
+
+
+def test_second_call_replays_the_bound_arguments_in_parameter_order() -> None:
+    kernel = _Kernel(["x", "H", "y", "scale"])
+    t = {"x": torch.zeros(8), "y": torch.ones(8)}
+    launcher.launch_all(_launches(kernel), t, "geom")
+    t2 = {"x": torch.zeros(8), "y": torch.ones(8)}
+    launcher.launch_all(_launches(kernel), t2, "geom")
+    assert kernel.log[0][0] == "bound" and kernel.log[0][2]["x"] is t["x"]
+    kind, grid, stream, args = kernel.log[1]
+    assert (kind, grid, stream) == ("direct", (4, 2, 1), 7)
+    assert args[0] is t2["x"] and args[1] == 16 and args[2] is t2["y"] and args[3] == 0.5
+
+
+@pytest.mark.parametrize("change", ["alignment", "dtype"])
+def test_a_tensor_triton_would_specialise_differently_takes_the_bound_path(change: str) -> None:
+    kernel = _Kernel(["x", "H", "y", "scale"])
+    base = torch.zeros(16, dtype=torch.bfloat16)
+    launcher.launch_all(_launches(kernel), {"x": base[:8], "y": base[8:]}, "geom")
+    launcher.launch_all(_launches(kernel), {"x": base[:8], "y": base[8:]}, "geom")
+    other = base[1:9] if change == "alignment" else torch.zeros(8)  # 2 bytes off the 16-byte grid / fp32
+    launcher.launch_all(_launches(kernel), {"x": other, "y": base[8:]}, "geom")
+    assert [e[0] for e in kernel.log] == ["bound", "direct", "bound"]
+
+
+def test_interpreter_and_kernels_without_a_launcher_keep_the_bound_path() -> None:
+    kernel = _Kernel(["x", "H", "y", "scale"])
+    t = {"x": torch.zeros(8), "y": torch.ones(8)}
+    for _ in range(3):
+        launcher.launch_all(_launches(kernel), t, "geom", interpret=True)
+    plain = _Kernel(["x", "H", "y", "scale"], compiled_attrs=False)
+    for _ in range(3):
+        launcher.launch_all(_launches(plain), t, "other")
+    assert [e[0] for e in kernel.log + plain.log] == ["bound"] * 6
+
+
+def test_a_parameter_left_to_its_default_keeps_the_bound_path() -> None:
+    kernel = _Kernel(["x", "H", "y", "scale", "EXTRA"])
+    t = {"x": torch.zeros(8), "y": torch.ones(8)}
+    for _ in range(2):
+        launcher.launch_all(_launches(kernel), t, "geom")
+    assert [e[0] for e in kernel.log] == ["bound", "bound"]
