@@ -48,9 +48,9 @@ def _tensor_key(tensors: Mapping[str, torch.Tensor], names: Sequence[str]) -> tu
 
 def launch_all(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], key: Hashable,
                interpret: bool = False) -> None:
-    """Launch every (kernel, grid, constants, tensor names) of `launches` in order; `key` identifies the
-    launch list's geometry (kernels, constexprs, integers, the device), `tensors` maps argument names to this
-    call's tensors."""
+    """Launch every (kernel, grid, constants, tensor names) of `launches` in order. `key` must identify the launch
+    list among all callers (the calling module, its kernels, constexprs, integers, the device); `tensors` maps
+    argument names to this call's tensors."""
     if interpret or BOUND_ONLY:
         for kernel, grid, const, names in launches:
             kernel[grid](**const, **{n: tensors[n] for n in names})
