@@ -220,6 +220,12 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
 UNTIED_RULES = {
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction_dplr.jinja"),
 }
+# and its backward: four score gradients, pair gradients for two row and two column operands, two write streams
+UNTIED_BACKWARD_RULES = {
+    "bwd_scores": Launch("bwd_scores", "chunk_bwd_scores_kernel", "chunk", "chunk_bwd_scores_dplr.jinja"),
+    "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_sub_keys", "chunk_bwd_intra_dplr.jinja"),
+    "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad_dplr.jinja"),
+}
 
 
 def forward_launches(plan: Plan) -> list[Launch]:
@@ -248,7 +254,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
-    return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[BACKWARD_RULES[k] for k in bplan.kinds()],
+    rules = {**BACKWARD_RULES, **UNTIED_BACKWARD_RULES} if plan.family == "untied" else BACKWARD_RULES
+    return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[rules[k] for k in bplan.kinds()],
                 bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan),
@@ -265,11 +272,13 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
     """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps); `reads_l`:
     the backward reads L' back."""
     vector = ir.decay.kind == "vector"
+    untied = not ir.structure.tied
     return {
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "stat_buf"],
-        "interaction": (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
+        "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
+                       (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
     }.get(kind, [])
@@ -554,7 +563,11 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
     if delta or s.beta != 1:
         parts.append(_Part("beta", s.beta, None, _key_partials("a_beta", "abeta_buf")))
     parts.append(_Part("z", s.target, "value", "a_z = " + _tok("az_buf", "value")))
-    if delta and s.erase_key != s.write_key:  # tied keys: one adjoint (the write key's) for both roles
+    if not ir.structure.tied:  # untied DPLR: the erase vector e and the write-back vector f
+        e, f, _, _ = s.canonical()
+        parts.append(_Part("e", e, "key", "a_e = " + _tok("ae_buf", "key")))
+        parts.append(_Part("f", f, "key", "a_f = " + _tok("af_buf", "key")))
+    elif delta and s.erase_key != s.write_key:  # tied keys: one adjoint (the write key's) for both roles
         assert s.erase_key is not None
         parts.append(_Part("e", s.erase_key, "key", "a_e = " + _tok("ae_buf", "key")))
     parts.append(_Part("a", s.write_key, "key", "a_a = " + _tok("aa_buf", "key")))
@@ -593,8 +606,8 @@ _ZERO = {"token": "tl.zeros([BT], dtype=tl.float32)", "key": "tl.zeros([BT, BK],
 
 
 # bwd_grads' chunk-operand parts -> the plan's name of their adjoint, in the order the kernel finishes them
-_ADJOINT_OF_PART = {"z": "dz", "q": "dqp", "e": "dke", "a": "dkw"}
-_ADJOINT_TILE = {"z": "b_dz", "q": "b_dq", "e": "b_de", "a": "b_da"}
+_ADJOINT_OF_PART = {"z": "dz", "q": "dqp", "e": "dke", "f": "dkf", "a": "dkw"}
+_ADJOINT_TILE = {"z": "b_dz", "q": "b_dq", "e": "b_de", "f": "b_df", "a": "b_da"}
 
 
 def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:

@@ -629,7 +629,9 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
 def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...]]:
     """(adjoint -> the inputs its chunk operand reads, the inputs whose gradient is elementwise in them)."""
     s = ir.solve
-    names = {d.name for d in ir.inputs}
+    # a channel reduction is a per-token input of the kernels: an adjoint it reads goes to bwd_inputs (and from there
+    # through the reduction's adjoint on the host)
+    names = {d.name for d in ir.inputs} | {r.name for r in ir.reductions}
 
     def reads(expr: Any) -> tuple[str, ...]:
         return tuple(sorted(n for n in (x.name for x in getattr(expr, "free_symbols", ())) if n in names))
@@ -638,6 +640,9 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
     if not ir.structure.additive and s.erase_key is not None and s.erase_key != s.write_key:
         # tied keys (E = A) have one adjoint for both roles: bwd_grads sums them (one fp32 [T, HV, dk] buffer fewer)
         parts.append(("dke", reads(s.erase_key)))
+    if not ir.structure.tied:  # untied DPLR: the erase vector e and the write-back vector f
+        e, f, _, _ = s.canonical()
+        parts += [("dke", reads(e)), ("dkf", reads(f))]
     if ir.precond.kind == "exact":
         return tuple(parts), ()  # no chunked backward
     # inputs whose adjoint other stages also feed: gates and gains (sums over key blocks), what the PDN statistic
@@ -690,19 +695,25 @@ def _bwd_local_values(p: Plan) -> Stage | None:
     # sequential reverse pass only the products with dH.
     ins = ("dO",) + (("dR",) if p.structure.route == "residual" else ())
     reads = ("output.scores",) + (("interaction.L",) if p.structure.route == "residual" else ())
-    form = "dU_local = scale (Q'*A)^T dO" + (" - L'^T dR" if p.structure.route == "residual" else "")
+    form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO" + \
+        (" - L'^T dR" if p.structure.route == "residual" else "")
     return Stage("bwd_local_values", "bwd_local_values", ins, (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
                  (("form", form), ("reads", reads)))
 
 
 def _bwd_state_pass(p: Plan) -> Stage | None:
     ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
+    untied = p.family == "untied"
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
-    reads = ("state_pass.Hn",) + (("wy.W",) if p.family == "tied" else ()) + \
-        (("decay_keys.Kg", "decay_keys.Qg") if p.find("decay_keys") else ())
-    form = "dU = dU_local + (A e^(b_c-B)) dH_(n+1); dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
-        (" - W^T dU" if p.family == "tied" else "")
+    if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
+        outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
+    reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
+        ((("decay_keys.Fg", "decay_keys.Kg") if untied else ("decay_keys.Kg",)) + ("decay_keys.Qg",)
+         if p.find("decay_keys") else ())
+    form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
+            "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
+        (" - W^T dU" if p.family != "additive" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
@@ -725,6 +736,12 @@ def _bwd_scores(p: Plan) -> Stage | None:
     # gradients are formed on 16×16 sub-blocks (bwd_intra) and not as masked 64-wide products in every key block.
     if p.structure.decay != "vector":
         return None
+    if p.family == "untied":
+        outs = (Operand("dAqf", MATRIX, "fp32"), Operand("dAqw", MATRIX, "fp32"), Operand("dAef", MATRIX, "fp32"),
+                Operand("dAew", MATRIX, "fp32"))
+        form = "dAqf = scale mask(dO U^T), dAqw = scale mask(dO V'^T); dY = T^T dU, dAef = mask(dY U^T), dAew = mask(dY V'^T)"
+        return Stage("bwd_scores", "bwd_scores", ("dO", "dU"), outs,
+                     (("form", form), ("reads", ("state_pass.U", "triangular_solve.T"))))
     delta = p.family == "tied"
     residual = p.structure.route == "residual"
     outs = [Operand("dSqa", MATRIX, "fp32")]
@@ -740,6 +757,14 @@ def _bwd_scores(p: Plan) -> Stage | None:
 def _bwd_intra(p: Plan) -> Stage | None:
     if p.structure.decay != "vector":
         return None
+    if p.family == "untied":
+        outs = tuple(Operand(n, "[B,T,HV,dk]", "fp32") for n in ("dq_pair", "de_pair", "df_pair", "da_pair", "db_pair"))
+        excl = p.structure.erase_reads == "undecayed"
+        form = "pair gradients of Q*F, Q*W, E*-F, E*-W on 16x16 sub-blocks (erase rows decayed with " + \
+            ("b_(t-1)" if excl else "b_t") + "); db_pair = q dq - f df - w dw" + ("" if excl else " + e de") + \
+            " in the buffer of dg"
+        return Stage("bwd_intra", "bwd_intra", ("dAqf", "dAqw", "dAef", "dAew"), outs,
+                     (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
     delta = p.family == "tied"
     # with tied keys (E = A) one adjoint holds both roles' shares; the shares of the log-gate's db are written where
     # bwd_grads then leaves dg (one fp32 [T, HV, dk] buffer fewer)
@@ -756,9 +781,23 @@ def _bwd_intra(p: Plan) -> Stage | None:
 
 
 def _bwd_grads(p: Plan) -> Stage | None:
+    shapes = {"dqp": "[B,T,HV,dk]", "dkw": "[B,T,HV,dk]", "dz": "[B,T,HV,dv]", "dke": "[B,T,HV,dk]", "dkf": "[B,T,HV,dk]"}
+    if p.family == "untied":
+        outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p)]
+        outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in p.elementwise_grads]
+        outs.append(Operand("dg", "[B,T,HV,dk]", "fp32"))
+        excl = p.structure.erase_reads == "undecayed"
+        form = "dY = T^T dU; dq, de, df, dw = per-token terms + pair shares; dV' = dV_state + scale Aqw^T dO + Aew^T dY; " + \
+            "dg = reverse cumsum of db" + (" + strict reverse cumsum of dbx = e de" if excl else "")
+        attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", ("state_pass.Hn", "state_pass.U",
+                                                                          "triangular_solve.T", "interaction.Aew",
+                                                                          "interaction.Aqw")))
+        if p.elementwise_grads:
+            attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
+        ins = ("dO", "dHn1", "dU", "dVs", "dq_pair", "de_pair", "df_pair", "da_pair", "db_pair")
+        return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
     delta = p.family == "tied"
     vec = p.structure.decay == "vector"
-    shapes = {"dqp": "[B,T,HV,dk]", "dkw": "[B,T,HV,dk]", "dz": "[B,T,HV,dv]", "dke": "[B,T,HV,dk]"}
     outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p)]
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in p.elementwise_grads]
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
@@ -828,9 +867,9 @@ BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
 
 
 def build_backward_plan(plan: Plan) -> BackwardPlan | None:
-    """The chunked backward of `plan`, or None where no chunk backward exists (the exact preconditioner and
-    the untied DPLR family keep the recurrent backward)."""
-    if plan.family == "untied" or plan.find("precond_exact"):
+    """The chunked backward of `plan`, or None where no chunk backward exists (the exact preconditioner and the
+    untied DPLR family without a per-channel decay keep the recurrent backward)."""
+    if plan.find("precond_exact") or (plan.family == "untied" and plan.structure.decay != "vector"):
         return None
     stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
     kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))

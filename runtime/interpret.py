@@ -465,3 +465,83 @@ def run_plan(plan: Plan, ir: IR, inputs: Mapping[str, torch.Tensor], *,
         final = {n: torch.cat([r[n] for r in results], dim=0) for n in ir.state_names}
     return RecurrenceOutput(o, final, route)
 
+
+
+# --- the untied DPLR chunk backward (docs/chunk_forms.md §2b), float64 -----------------------------------------------
+def _pair_grads(dM: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, r: torch.Tensor,
+                b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dY) of [X ⋆ Y]_tj = Σ_d X_td Y_jd e^{r_td − b_jd} from its (already masked) gradient dM."""
+    fac = torch.exp((r.unsqueeze(1) - b.unsqueeze(0)).clamp(max=0.0))  # [t, j, d]; only masked pairs are used
+    return torch.einsum("tj,jd,tjd->td", dM, Y, fac), torch.einsum("tj,td,tjd->jd", dM, X, fac)
+
+
+def untied_chunk_backward(q: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor, v: torch.Tensor,
+                          g: torch.Tensor, S0: torch.Tensor, do: torch.Tensor, dS: torch.Tensor, *, scale: float,
+                          exclusive: bool, C: int = 64) -> dict[str, torch.Tensor]:
+    """Gradients of the untied DPLR chunk form for one sequence, stage by stage as the backward kernels run them.
+
+    q, e, f, w, g: [T, dk] (g: natural-log gates ≤ 0), v: [T, dv], S0, dS: h = Sᵀ [dk, dv], do: [T, dv]. `exclusive`: the
+    erase reads S_{t−1} (rows decay with b_{t−1}). Returns dq, de, df, dw, dv, dg, dS0 (the chunk operands'
+    adjoints). Pair gradients use the pairwise form (float64: no sub-chunk references needed to stay finite here).
+    """
+    T = q.shape[0]
+    chunks = [(s, min(s + C, T)) for s in range(0, T, C)]
+    fw = []  # per chunk: the forward quantities the backward reads (what the kernels keep or recompute)
+    H = S0
+    for s, t in chunks:
+        b = torch.cumsum(g[s:t], 0)
+        br = torch.cat([torch.zeros_like(b[:1]), b[:-1]]) if exclusive else b
+        E, Fv, Wk, Q, V = e[s:t], f[s:t], w[s:t], q[s:t], v[s:t]
+        Aef = decayed_scores(E, Fv, br, b, strict=True)
+        Aew = decayed_scores(E, Wk, br, b, strict=True)
+        Aqf = decayed_scores(Q, Fv, b, b, strict=False)
+        Aqw = decayed_scores(Q, Wk, b, b, strict=False)
+        Tm = torch.linalg.inv(torch.eye(t - s, dtype=q.dtype) - Aef)
+        U = Tm @ ((E * torch.exp(br)) @ H + Aew @ V)
+        fw.append((b, br, Aef, Aew, Aqf, Aqw, Tm, U, H))
+        bc = b[-1:]
+        H = torch.exp(bc).mT * H + (Fv * torch.exp(bc - b)).mT @ U + (Wk * torch.exp(bc - b)).mT @ V
+    out = {n: torch.zeros_like(x) for n, x in (("dq", q), ("de", e), ("df", f), ("dw", w), ("dv", v), ("dg", g))}
+    dH = dS
+    for (s, t), (b, br, Aef, Aew, Aqf, Aqw, Tm, U, Hn) in reversed(list(zip(chunks, fw, strict=True))):
+        E, Fv, Wk, Q, V, dO = e[s:t], f[s:t], w[s:t], q[s:t], v[s:t], do[s:t]
+        bc = b[-1:]
+        Fg, Wg, Qg, Er = Fv * torch.exp(bc - b), Wk * torch.exp(bc - b), Q * torch.exp(b), E * torch.exp(br)
+        # bwd_local_values + bwd_state_pass: dU (the adjoint of U where O and H_{n+1} read it), dH_n
+        dU = scale * Aqf.mT @ dO + Fg @ dH
+        dVs = Wg @ dH  # the state's share of dV', which needs every key channel of dH
+        W = -Tm @ Er
+        dHn = torch.exp(bc).mT * dH + scale * Qg.mT @ dO - W.mT @ dU
+        # bwd_scores: through the solve dY = Tᵀ dU; the four matrices' gradients
+        dY = Tm.mT @ dU
+        mask_lt = torch.ones_like(Aef, dtype=torch.bool).tril(-1)
+        mask_le = torch.ones_like(Aef, dtype=torch.bool).tril()
+        dAef = (dY @ U.mT).masked_fill(~mask_lt, 0.0)
+        dAew = (dY @ V.mT).masked_fill(~mask_lt, 0.0)
+        dAqf = (scale * dO @ U.mT).masked_fill(~mask_le, 0.0)
+        dAqw = (scale * dO @ V.mT).masked_fill(~mask_le, 0.0)
+        # bwd_intra: the pair gradients of the four decayed matrices
+        de1, df1 = _pair_grads(dAef, E, Fv, br, b)
+        de2, dw1 = _pair_grads(dAew, E, Wk, br, b)
+        dq1, df2 = _pair_grads(dAqf, Q, Fv, b, b)
+        dq2, dw2 = _pair_grads(dAqw, Q, Wk, b, b)
+        # bwd_grads: the per-token terms, then the log-gate through db (inclusive b) and dbx (b_{t−1})
+        dq_s = scale * (dO @ Hn.mT) * torch.exp(b)
+        de_s = (dY @ Hn.mT) * torch.exp(br)
+        df_s = (U @ dH.mT) * torch.exp(bc - b)
+        dw_s = (V @ dH.mT) * torch.exp(bc - b)
+        dq, de, df, dw = dq_s + dq1 + dq2, de_s + de1 + de2, df_s + df1 + df2, dw_s + dw1 + dw2
+        dv = dVs + scale * Aqw.mT @ dO + Aew.mT @ dY
+        # every factor is e^{±b}: db_t = q ⊙ dq − f ⊙ df − w ⊙ dw (+ e ⊙ de when the rows decay with b_t);
+        # the state terms' e^{b_c} add Σ_t (f ⊙ df_s + w ⊙ dw_s) + e^{b_c} Σ_v H_n ⊙ dH_{n+1} at the last token
+        db = Q * dq - Fv * df - Wk * dw + (0.0 if exclusive else E * de)
+        db[-1] += (Fv * df_s + Wk * dw_s).sum(0) + torch.exp(bc[0]) * (Hn * dH).sum(-1)
+        dg = db.flip(0).cumsum(0).flip(0)
+        if exclusive:  # b_{t−1} = Σ_{s<t} g_s: a strict reverse cumsum of dbx = e ⊙ de
+            dbx = E * de
+            dg = dg + dbx.flip(0).cumsum(0).flip(0) - dbx
+        for n, x in (("dq", dq), ("de", de), ("df", df), ("dw", dw), ("dv", dv), ("dg", dg)):
+            out[n][s:t] = x
+        dH = dHn
+    out["dS0"] = dH
+    return out

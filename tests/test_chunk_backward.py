@@ -45,7 +45,7 @@ CHUNK_SPECS = [n for n in ALL_SPECS if supports_chunk(load(n).ir)[0]]
 
 def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int | None = None, dk: int = 16,
                     dv: int = 16, varlen: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    gate_shift: float = 0.0, cuts: tuple[int, ...] = (1, 70)) -> float:
+                    gate_shift: float = 0.0, cuts: tuple[int, ...] = (1, 70), forget_channels: int = 0) -> float:
     rec = load(name)
     HV = HV or H
     cu = None
@@ -59,6 +59,10 @@ def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int 
         for d in rec.ir.inputs:
             if d.domain == "log_gate" and not d.is_param:
                 x[d.name] = x[d.name] + gate_shift
+    if forget_channels:  # per-channel log-gates of −100 on the first key channels: those forget at every token
+        for d in rec.ir.inputs:
+            if d.domain == "log_gate" and not d.is_param and d.vector == "key":
+                x[d.name][..., :forget_channels] = -100.0
     x = {k: v.to(dtype) for k, v in x.items()}  # the reference sees the same (rounded) inputs
     states = random_states(rec.ir, dims, N, seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -128,7 +132,7 @@ def test_gradients_through_channel_reductions(layout: dict) -> None:
     check_gradients("reductions_everything", **layout)
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "longhorn"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "longhorn", "rwkv7_dplr"])
 def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
 
@@ -138,7 +142,7 @@ def test_gradients_fp16(name: str) -> None:
     check_gradients(name, dtype=torch.float16, HV=4)
 
 
-@pytest.mark.parametrize("name", ["gdn2", "pkda", "ccq_gla", "cler_h_kda"])
+@pytest.mark.parametrize("name", ["gdn2", "pkda", "ccq_gla", "cler_h_kda", "rwkv7_dplr"])
 def test_gradients_padded_channels_gva_varlen(name: str) -> None:
     # dk, dv not powers of two (padded lanes), two dv blocks in the gradient stage, grouped heads
     check_gradients(name, T=70, H=1, HV=2, dk=12, dv=40, varlen=True)
@@ -149,7 +153,7 @@ def test_gradients_t1(name: str) -> None:
     check_gradients(name, T=1)
 
 
-@pytest.mark.parametrize("name", ["kda", "gla", "gdn"])
+@pytest.mark.parametrize("name", ["kda", "gla", "gdn", "rwkv7_dplr"])
 def test_strong_gates(name: str) -> None:
     # log-gates around −40 per token: e^b underflows inside a chunk; every factor must stay finite and every
     # gradient but the (vanishing) gate's must meet the fp32 tolerance
@@ -166,6 +170,37 @@ def test_vector_decay_backward_hypothesis(name: str, T: int, G: int, dk: int, cu
     and varlen boundaries anywhere inside a row block, grouped heads, padded key channels, strong gates."""
     check_gradients(name, T=T, H=1, HV=G, dk=dk, dv=8, varlen=bool(cuts), cuts=tuple(cuts), seed=seed,
                     gate_shift=-40.0 if strong else 0.0)
+
+
+# untied DPLR: rwkv7_dplr's erase reads the undecayed state (rows decay with b_{t-1}); tests/dplr_decayed.dgps the
+# decayed one (b_t)
+UNTIED = ["rwkv7_dplr", "dplr_decayed"]
+
+
+@pytest.mark.parametrize("layout", [{"HV": 4}, {"varlen": True}, {}], ids=["gva", "varlen", "plain"])
+def test_untied_dplr_decayed_erase_gradients(layout: dict) -> None:
+    assert supports_chunk_backward(load("dplr_decayed").ir)[0]
+    check_gradients("dplr_decayed", **layout)
+
+
+@pytest.mark.parametrize("name", UNTIED)
+def test_untied_dplr_gradients_with_channels_that_forget(name: str) -> None:
+    """Log-gates of −100 on a third of the key channels (e^−100 per token) next to ordinary ones: every exponent of the
+    chunk backward stays ≤ 0, so the gradients stay finite and meet the fp32 tolerance."""
+    check_gradients(name, T=100, H=1, HV=2, dk=12, dv=8, forget_channels=4, varlen=True, cuts=(37,))
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(UNTIED), T=st.integers(1, 140), G=st.sampled_from([1, 2]), dk=st.sampled_from([8, 16, 24]),
+       cuts=st.lists(st.integers(1, 139), min_size=0, max_size=3), strong=st.booleans(), forget=st.sampled_from([0, 3]),
+       seed=st.integers(0, 2**16))
+def test_untied_dplr_backward_hypothesis(name: str, T: int, G: int, dk: int, cuts: list[int], strong: bool, forget: int,
+                                         seed: int) -> None:
+    """The untied DPLR backward (bwd_scores' four matrices, bwd_intra's row and column operands with the erase rows'
+    own decay, both write streams, the exclusive cumsum's dbx): sequence ends and varlen boundaries anywhere inside
+    a row block, grouped heads, padded key channels, strong gates and channels at −100."""
+    check_gradients(name, T=T, H=1, HV=G, dk=dk, dv=8, varlen=bool(cuts), cuts=tuple(cuts), seed=seed,
+                    gate_shift=-40.0 if strong else 0.0, forget_channels=forget)
 
 
 def test_every_chunk_spec_has_a_chunked_backward() -> None:
@@ -222,7 +257,7 @@ def _check_training_path(name: str, D: int, seed: int, overrides: dict | None = 
         assert _rel(g, x64[n].grad) <= TOL_FP32, (name, n, _rel(g, x64[n].grad))
 
 
-@pytest.mark.parametrize("name", ["gdn", "simple_gla", "kda"])
+@pytest.mark.parametrize("name", ["gdn", "simple_gla", "kda", "rwkv7_dplr"])
 def test_training_path_at_the_reference_head_size(name: str) -> None:
     """dk = dv = 128, where the launch table's blocks are narrower than a head (BK = 64, BV ≤ dv). At the other
     tests' dv = 16 every block covers the whole head, which once hid a stage that left half of dv's gradient
@@ -230,7 +265,8 @@ def test_training_path_at_the_reference_head_size(name: str) -> None:
     _check_training_path(name, 128, seed=3)
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet", "simple_gla", "la", "kda", "ccq_gdn", "cler_h_gdn", "pgdn"])
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "simple_gla", "la", "kda", "ccq_gdn", "cler_h_gdn", "pgdn",
+                                  "rwkv7_dplr"])
 def test_chunk_gradients_split_over_key_channel_blocks(name: str) -> None:
     """bwd_grads runs one program per block of key channels: with BK = 8 at dk = 32 (four blocks) the per-token
     sums over key channels (dβ, the scalar decay's db) arrive as partial sums, the full-width terms and the

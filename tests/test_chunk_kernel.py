@@ -150,21 +150,8 @@ def test_infinite_and_huge_gates(name):
     assert _rel(out.o, ref.o) <= 1e-4 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-4
 
 
-# untied DPLR whose erase reads the decayed state S̄_t (rwkv7_dplr's reads the undecayed S_{t-1}): the erase rows
-# decay with b_t, not b_{t-1}
-DPLR_DECAYED = """recurrence dplr_decayed
-  input q, k  : key
-  input v     : value
-  input w     : key_channel log_gate
-  input kappa : key_channel
-  input iclr  : key_channel unit
-  let   khat = l2norm(kappa)
-  decay vector(w)
-  solve dplr(e = -khat, f = khat * iclr, reads = decayed)
-end
-"""
-
-
+# untied DPLR whose erase reads the decayed state (rwkv7_dplr's reads the undecayed one)
+DPLR_DECAYED = (Path(__file__).resolve().parent / "dplr_decayed.dgps").read_text()
 EXTRA = {"dplr_decayed": DPLR_DECAYED}
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dgps.compiler.ir import kernel_ir
 from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
-from dgps.runtime.interpret import decayed_scores, run_plan
+from dgps.runtime.interpret import decayed_scores, run_plan, untied_chunk_backward
 from dgps.runtime.reference import reference, state_shapes
 from dgps.runtime.tensors import Dims
 
@@ -426,7 +426,7 @@ def test_backward_plan(name):
     p = plan(name)
     bp = build_backward_plan(p)
     ir = rec(name).ir
-    if ir.precond.kind == "exact" or not ir.structure.tied:
+    if ir.precond.kind == "exact" or (not ir.structure.tied and ir.decay.kind != "vector"):
         assert bp is None
         assert "backward: recurrent" in format_plan(p)
         return
@@ -461,3 +461,39 @@ def test_backward_plan_typecheck_catches_a_missing_adjoint():
     without_grads = BackwardPlan(bp.name, bp.saved, bp.recomputed, tuple(s for s in bp.stages if s.kind != "bwd_grads"))
     with pytest.raises(PlanTypeError, match="consumes `dkw`"):
         typecheck_backward(p, without_grads)
+
+
+# --- the untied DPLR chunk backward, derived in float64 (docs/chunk_forms.md §2b) ------------------------------------
+def _dplr_sequential(q, e, f, w, v, g, S0, *, exclusive: bool, scale: float):  # noqa: ANN001, ANN202
+    h, os_ = S0, []
+    for t in range(q.shape[0]):
+        hd = torch.exp(g[t])[:, None] * h
+        u = (h if exclusive else hd).mT @ e[t]  # the erase reads S_{t-1} or S̄_t
+        h = hd + torch.outer(f[t], u) + torch.outer(w[t], v[t])
+        os_.append(scale * h.mT @ q[t])
+    return torch.stack(os_), h
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["undecayed", "decayed"])
+@pytest.mark.parametrize("T", [1, 64, 150])
+def test_untied_chunk_backward_equals_autograd(exclusive: bool, T: int) -> None:
+    """Every stage of the untied DPLR chunk backward (the formulas the kernels implement) against autograd through
+    the sequential recurrence: three chunks, the last ragged, and gates strong enough that e^B underflows."""
+    gen = torch.Generator().manual_seed(T)
+    dk, dv = 8, 6
+
+    def r(*s: int) -> torch.Tensor:
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    kap = torch.nn.functional.normalize(r(T, dk), dim=-1)
+    iclr = torch.rand(T, dk, generator=gen, dtype=torch.float64)
+    g = -torch.rand(T, dk, generator=gen, dtype=torch.float64) * 3
+    g[:, :2] = -60.0
+    xs = dict(q=r(T, dk), e=-kap, f=kap * iclr, w=0.3 * r(T, dk), v=r(T, dv), g=g, S0=0.1 * r(dk, dv))
+    xs = {k: x.requires_grad_() for k, x in xs.items()}
+    o, h = _dplr_sequential(**xs, exclusive=exclusive, scale=0.7)
+    do, dS = r(*o.shape), r(*h.shape)
+    want = torch.autograd.grad((o * do).sum() + (h * dS).sum(), list(xs.values()))
+    got = untied_chunk_backward(*(x.detach() for x in xs.values()), do, dS, scale=0.7, exclusive=exclusive)
+    for n, w_ in zip(xs, want, strict=True):
+        assert rel_err(got["dS0" if n == "S0" else f"d{n}"], w_) < 1e-12, n

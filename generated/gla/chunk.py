@@ -1094,7 +1094,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
-            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf") + tuple("dx_" + n for n in _INPUTS) + \
+            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf") + \
+    tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
@@ -1186,9 +1187,9 @@ class _Run:
 
     def launch(self, kernels):
         # the launch list of this geometry is built once (grids, launch settings, constants); a call only names
-        # its tensors. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
+        # its tensors. The key names this module: runtime/launcher.py keeps the compiled kernels of every package. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
         # body when the module was generated): Triton's launch cost grows with the argument count.
-        key = (tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
+        key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
                float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
                self.device, tuple(LAUNCH_OVERRIDES.items()))
         launches = _LAUNCH_LISTS.get(key)

@@ -52,8 +52,42 @@ def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor
                                scale=scale), []
 
 
-# The forward and backward kernels are registered as custom ops, so autograd and
-# torch.compile(fullgraph=True) see one opaque node each, with shape-only fake implementations.
+def _forward_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state_S: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+    keep: bool,
+) -> list[torch.Tensor]:
+    """o, the final states, the route (if any) and (keep) the buffers the backward reuses, as one flat list."""
+    out, kept = _run_forward({"q": q, "k": k, "v": v}, {"S": state_S}, cu_seqlens, scale, keep)
+    outs = [out.o] + [out.final_state[s] for s in STATES]
+    if ROUTE != "none":
+        route = out.route
+        outs.append(route.clone() if route.data_ptr() in {t.data_ptr() for t in (q, k, v, state_S)} else route)
+    return outs + kept
+
+
+def _backward_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state_S: torch.Tensor,
+    do: torch.Tensor,
+    d_states: dict[str, torch.Tensor],
+    d_route: torch.Tensor | None,
+    kept: list[torch.Tensor],
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(gradients of the inputs and params, gradients of the initial states the backward reaches)."""
+    return chunk.chunk_backward(
+        {"q": q, "k": k, "v": v}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
+
+    )
+
+
+# Under torch.compile the forward and backward are custom ops, so that torch.compile(fullgraph=True) sees one
+# opaque node each, with shape-only fake implementations. Eager calls take _Eager (a plain autograd.Function)
+# with the same two bodies: the custom ops' dispatch, schema checks and output flattening cost 30-60 µs of host
+# time per call on the H200's host (benchmarks/host_overhead.py), where a small call is host-bound.
 _LIB = "dgps_" + re.sub(r"\W", "_", __name__)
 
 
@@ -64,12 +98,7 @@ def _forward_op(
     scale: float,
     keep: bool,
 ) -> list[torch.Tensor]:
-    out, kept = _run_forward({"q": q, "k": k, "v": v}, {"S": state_S}, cu_seqlens, scale, keep)
-    outs = [out.o] + [out.final_state[s] for s in STATES]
-    if ROUTE != "none":
-        route = out.route
-        outs.append(route.clone() if route.data_ptr() in {t.data_ptr() for t in (q, k, v, state_S)} else route)
-    return outs + kept
+    return _forward_impl(q, k, v, state_S, cu_seqlens, scale, keep)
 
 
 @_forward_op.register_fake
@@ -98,11 +127,7 @@ def _backward_op(
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    g_in, g_state = chunk.chunk_backward(
-        {"q": q, "k": k, "v": v}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
-
-    )
+    g_in, g_state = _backward_impl(q, k, v, state_S, do, d_states, d_route, kept, cu_seqlens, scale)
     return [g_in[n] for n in INPUTS] + [g_state[s] if s in g_state else torch.zeros_like(t)
                                         for s, t in zip(STATES, (state_S,), strict=True)]
 
@@ -148,6 +173,31 @@ def _output_likes(tensors) -> list[torch.Tensor]:  # noqa: ANN001
 torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
 
 
+class _Eager(torch.autograd.Function):
+    """The eager training path: _forward_impl and _backward_impl under a plain autograd.Function."""
+
+    @staticmethod
+    def forward(ctx, cu_seqlens, scale, keep, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
+        outs = _forward_impl(*tensors, cu_seqlens, scale, keep)
+        n_out = 1 + len(STATES) + (ROUTE != "none")
+        kept = outs[n_out:]
+        ctx.mark_non_differentiable(*kept)
+        ctx.save_for_backward(*tensors, *kept)
+        ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
+        ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: no zeros are built
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
+        saved = ctx.saved_tensors
+        tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+        do = grads[0] if grads[0] is not None else torch.zeros_like(_output_likes(tensors)[0])
+        d_states = {s: g for s, g in zip(STATES, grads[1:1 + len(STATES)], strict=True) if g is not None}
+        d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
+        g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale)
+        return (None, None, None, *(g_in[n] for n in INPUTS), *(g_state.get(s) for s in STATES))
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     *,
@@ -171,9 +221,15 @@ def forward(
         scale = IR.scale if IR.scale is not None else dims.dk ** -0.5
     tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
     # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
-    keep = True and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    keep = True and needs_grad
     try:
-        outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+        if torch.compiler.is_compiling():
+            outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+        elif needs_grad:
+            outs = _Eager.apply(cu_seqlens, float(scale), keep, *tensors)
+        else:  # nothing to differentiate: no autograd node at all
+            outs = _forward_impl(*tensors, cu_seqlens, float(scale), keep)
     except (RuntimeError, ValueError):
         # Triton's own failure for CPU tensors without the interpreter ("0 active drivers", "cpu tensor?")
         if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):

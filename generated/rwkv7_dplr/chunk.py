@@ -1139,6 +1139,544 @@ def chunk_output_kernel(
     b_vz = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_vz_v, 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID) + _mm(b_sw, b_vz, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
+#   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
+#   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
+@triton.jit
+def chunk_bwd_local_values_kernel(
+    s_buf, do_buf, dul_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_rv = m_r[:, None] & m_v[None, :]
+    # (Q̂⋆A)ᵀ is formed directly (A Q̂ᵀ, upper triangle): Triton 3.6 miscompiles tl.trans of a computed tile into
+    # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
+    m_ge = o_t[:, None] <= o_t[None, :]
+    # vector decay: the scores come from the interaction stage (Sqa)
+    b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
+    b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+    b_dul = _mm(b_st, b_do, DT_ID) * scale
+    tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
+# ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
+#   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
+#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
+@triton.jit
+def chunk_bwd_state_kernel(
+    g_buf, w_buf, kg_buf, qg_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, wg_buf, dvs_buf, cu_seqlens,
+    chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_kb = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    o_k = o_kb
+    m_k = o_k < DK
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = n_tc - 1
+        while i_tc >= 0:
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_du += _mm(b_a, b_dh0, DT_ID)
+            # untied DPLR: the write key's stream, (W ⊙ e^{b_c − B}) dH_{n+1}
+            b_wg = tl.load(wg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_dvs = _mm(b_wg, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_du += _mm(b_a, b_dh1, DT_ID)
+                # untied DPLR: the write key's stream, (W ⊙ e^{b_c − B}) dH_{n+1}
+                b_wg = tl.load(wg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_dvs += _mm(b_wg, b_dh1, DT_ID)
+
+            tl.store(dvs_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dvs, mask=m_rv)
+            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+                     mask=m_rv)
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
+
+            i_tc -= 1
+    else:
+        for i_rev in range(0, n_tc):
+            i_tc = n_tc - 1 - i_rev
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_du += _mm(b_a, b_dh0, DT_ID)
+            # untied DPLR: the write key's stream, (W ⊙ e^{b_c − B}) dH_{n+1}
+            b_wg = tl.load(wg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_dvs = _mm(b_wg, b_dh0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
+                         mask=m_k[:, None] & m_v[None, :])
+                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
+                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_du += _mm(b_a, b_dh1, DT_ID)
+                # untied DPLR: the write key's stream, (W ⊙ e^{b_c − B}) dH_{n+1}
+                b_wg = tl.load(wg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_dvs += _mm(b_wg, b_dh1, DT_ID)
+
+            tl.store(dvs_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dvs, mask=m_rv)
+            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+                     mask=m_rv)
+            # dH_n, per key block
+            o_k = o_kb
+            m_k = o_k < DK
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
+                b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
+
+    o_k = o_kb
+    m_k = o_k < DK
+    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
+
+# ---- backward stage scores, untied DPLR: the gradients of the chunk's four decayed matrices, once per chunk and head --
+#   dAqf = scale · mask(dO Uᵀ), dAqw = scale · mask(dO V'ᵀ) (j ≤ t: the output's scores); through the solve
+#   (T = (I − E⋆⁻F)⁻¹, U = T [(E ⊙ e^β) H_n + (E⋆⁻W) V']): dY = Tᵀ dU, dAef = mask(dY Uᵀ), dAew = mask(dY V'ᵀ) (j < t).
+#   Stored in fp32 as [T, HV, BT] rows for bwd_intra's 16×16 sub-blocks, as the tied family's dS and dL'.
+@triton.jit
+def chunk_bwd_scores_kernel(
+    p_v, t_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, dsw_buf, dsqw_buf, cu_seqlens, chunk_indices, scale,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    m_le = o_t[:, None] >= o_t[None, :]
+    m_lt = o_t[:, None] > o_t[None, :]
+    b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_sqf = tl.zeros([BT, BT], dtype=tl.float32)
+    b_sqw = tl.zeros([BT, BT], dtype=tl.float32)
+    b_sef = tl.zeros([BT, BT], dtype=tl.float32)
+    b_sew = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_rv = m_r[:, None] & m_v[None, :]
+        b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_vz_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_vz = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_vz_v, 0.)
+        b_sqf += _mm(b_do, tl.trans(b_u), DT_ID)
+        b_sqw += _mm(b_do, tl.trans(b_vz), DT_ID)
+        b_dy = _mm(tl.trans(b_T), b_du, DT_ID)
+        b_sef += _mm(b_dy, tl.trans(b_u), DT_ID)
+        b_sew += _mm(b_dy, tl.trans(b_vz), DT_ID)
+    tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_sqf * scale, 0.), mask=m_r[:, None])
+    tl.store(dsqw_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_sqw * scale, 0.), mask=m_r[:, None])
+    tl.store(dsl_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_lt, b_sef, 0.), mask=m_r[:, None])
+    tl.store(dsw_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_lt, b_sew, 0.), mask=m_r[:, None])
+# ---- backward stage intra, untied DPLR: the pair gradients of Q⋆F, Q⋆W (j ≤ t) and E⋆⁻F, E⋆⁻W (j < t) -----------------
+#   Rows (t):    dq_t = Σ_j (dAqf_tj f_j + dAqw_tj w_j) e^{b_t − b_j},  de_t = Σ_j (dAef_tj f_j + dAew_tj w_j) e^{β_t − b_j}
+#   Columns (j): df_j = Σ_t dAqf_tj q_t e^{b_t − b_j} + dAef_tj e_t e^{β_t − b_j},  dw_j likewise with dAqw, dAew
+#   (β_t = b_{t−1}: the erase reads the undecayed state). One program per chunk, head, block of BK key channels and row block I
+#   of 16 tokens, as the tied family's bwd_intra: rows of I against the blocks J < I through r = b at the token
+#   before I, columns of I against the blocks J > I through r' = b at I's last token (every exponent ≤ 0: β_t ≤ r for
+#   t in I, β_j ≤ r' for j after I), the diagonal block token by token in fp32.
+#   Writes the pair shares of dq, de, df, dw and their share of the log-gate's db (q ⊙ dq − f ⊙ df − w ⊙ dw)
+#   into dg's buffer; e ⊙ de belongs to b_{t−1}, which bwd_grads takes from the whole de.
+@triton.jit
+def chunk_bwd_intra_kernel(
+    p_q, p_k, p_iclr, p_l2norm_0, g_buf, ag_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, dsw_buf, dsqw_buf,
+    pf_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    i_k = tl.program_id(2) // 4
+    i_i = tl.program_id(2) % 4
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    o_c = tl.arange(0, BC)
+    rb = t0 + i_i * BC + o_c
+    mb = rb < eos
+    b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
+    b_br = tl.load(g_buf + ((rb - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb & (rb > t0))[:, None] & m_k[None, :], other=0.)
+
+    _b_q_q = tl.load(p_q + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_e_l2norm_0 = tl.load(p_l2norm_0 + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_e = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e_l2norm_0), 0.)
+    _b_f_iclr = tl.load(p_iclr + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _b_f_l2norm_0 = tl.load(p_l2norm_0 + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_f = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f_l2norm_0 * _b_f_iclr), 0.)
+    _b_w_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_w = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w_k, 0.)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_df = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BC, BK], dtype=tl.float32)
+    # the diagonal block token by token: step s takes token s as the column of its pairs (rows t ≥ s, t > s for the
+    # erase rows) and as their row (columns j ≤ s, j < s for the erase row); every factor ≤ 1
+    for s in range(0, BC):
+        r_s = t0 + i_i * BC + s
+        rs1 = r_s + tl.arange(0, 1)
+        ms1 = rs1 < eos
+        ms = tl.where(r_s < eos, o_c < BC, False)
+        b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+        b_brs = tl.load(g_buf + ((rs1 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(ms1 & (rs1 > t0))[:, None] & m_k[None, :], other=0.)
+
+        _b_qs_q = tl.load(p_q + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
+        _b_es_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_es = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (-1.0 * _b_es_l2norm_0), 0.)
+        _b_fs_iclr = tl.load(p_iclr + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_fs_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_fs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (_b_fs_l2norm_0 * _b_fs_iclr), 0.)
+        _b_ws_k = tl.load(p_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_ws = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_ws_k, 0.)
+        b_fq = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
+        b_fe = tl.where((o_c > s)[:, None], tl.exp2(tl.minimum(b_br - b_gs, 0.)), 0.)
+        b_hq = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
+        b_he = tl.where((o_c < s)[:, None], tl.exp2(tl.minimum(b_brs - b_g, 0.)), 0.)
+        col = rb * (HV * BT) + i_hv * BT + i_i * BC + s
+        row = r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c
+        b_dq += (tl.load(dsq_buf + col, mask=mb, other=0.)[:, None] * b_fs
+                 + tl.load(dsqw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fq
+        b_de += (tl.load(dsl_buf + col, mask=mb, other=0.)[:, None] * b_fs
+                 + tl.load(dsw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fe
+        b_df += tl.load(dsq_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
+            tl.load(dsl_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
+        b_dw += tl.load(dsqw_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
+            tl.load(dsw_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
+    r_0 = t0 + i_i * BC - 1
+    b_r0 = tl.load(g_buf + (r_0 * HV + i_hv) * DK + o_k, mask=tl.where(i_i > 0, tl.where(r_0 < eos, m_k, False), False),
+                   other=0.)
+    r_1 = t0 + i_i * BC + BC - 1
+    b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=tl.where(r_1 < eos, m_k, False), other=0.)
+    b_acq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ace = tl.zeros([BC, BK], dtype=tl.float32)
+    b_acf = tl.zeros([BC, BK], dtype=tl.float32)
+    b_acw = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_j in range(0, 4):
+        rj = t0 + i_j * BC + o_c
+        mj = rj < eos
+        if i_j < i_i:
+            b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            b_dc = tl.exp2(tl.minimum(b_r0[None, :] - b_gj, 0.))
+            _b_fj_iclr = tl.load(p_iclr + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_fj_l2norm_0 = tl.load(p_l2norm_0 + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_fj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_fj_l2norm_0 * _b_fj_iclr), 0.)
+            _b_wj_k = tl.load(p_k + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_wj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_wj_k, 0.)
+            b_fj = b_fj * b_dc
+            b_wj = b_wj * b_dc
+            blk = (rb[:, None] * HV + i_hv) * BT + i_j * BC + o_c[None, :]
+            b_acq += _mm_tf32(tl.load(dsq_buf + blk, mask=mb[:, None], other=0.), b_fj, DT_ID) + \
+                _mm_tf32(tl.load(dsqw_buf + blk, mask=mb[:, None], other=0.), b_wj, DT_ID)
+            b_ace += _mm_tf32(tl.load(dsl_buf + blk, mask=mb[:, None], other=0.), b_fj, DT_ID) + \
+                _mm_tf32(tl.load(dsw_buf + blk, mask=mb[:, None], other=0.), b_wj, DT_ID)
+        if i_j > i_i:
+            b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            b_brj = tl.load(g_buf + ((rj - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mj & (rj > t0))[:, None] & m_k[None, :], other=0.)
+
+            _b_qj_q = tl.load(p_q + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
+            _b_ej_l2norm_0 = tl.load(p_l2norm_0 + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_ej = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_ej_l2norm_0), 0.)
+            b_qj = b_qj * tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
+            b_ej = b_ej * tl.exp2(tl.minimum(b_brj - b_r1[None, :], 0.))
+            # [dA_JI]ᵀ, loaded transposed
+            blk = (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None]
+            b_acf += _mm_tf32(tl.load(dsq_buf + blk, mask=mj[None, :], other=0.), b_qj, DT_ID) + \
+                _mm_tf32(tl.load(dsl_buf + blk, mask=mj[None, :], other=0.), b_ej, DT_ID)
+            b_acw += _mm_tf32(tl.load(dsqw_buf + blk, mask=mj[None, :], other=0.), b_qj, DT_ID) + \
+                _mm_tf32(tl.load(dsw_buf + blk, mask=mj[None, :], other=0.), b_ej, DT_ID)
+    b_dq += b_acq * tl.exp2(tl.minimum(b_g - b_r0[None, :], 0.))
+    b_de += b_ace * tl.exp2(tl.minimum(b_br - b_r0[None, :], 0.))
+    b_fc = tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
+    b_df += b_acf * b_fc
+    b_dw += b_acw * b_fc
+    m_ik = mb[:, None] & m_k[None, :]
+    tl.store(ag_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :],
+             b_q * b_dq - b_f * b_df - b_w * b_dw, mask=m_ik)
+    tl.store(pq_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_dq, mask=m_ik)
+    tl.store(pe_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
+    tl.store(pf_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_df, mask=m_ik)
+    tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_dw, mask=m_ik)
+# ---- backward stage grads, untied DPLR (docs/chunk_forms.md §2b): per chunk, the gradients of the chunk operands --------
+#   With U = T [(E ⊙ e^β) H_n + (E⋆⁻W) V'] and dU from the reverse state pass (its share through O and H_{n+1}):
+#   dY = Tᵀ dU;  dq = scale (dO H_nᵀ) ⊙ e^B,  de = (dY H_nᵀ) ⊙ e^β,  df = (U dH_{n+1}ᵀ) ⊙ e^{b_c − B},
+#   dw = (V' dH_{n+1}ᵀ) ⊙ e^{b_c − B}, each plus bwd_intra's pair share;  dV' = dV_state + scale (Q⋆W)ᵀ dO + (E⋆⁻W)ᵀ dY.
+#   Every decay factor is e^{±b}, so the log-gate's db_t = q ⊙ dq − f ⊙ df − w ⊙ dw, plus at the last token
+#   Σ_t (f ⊙ df^state + w ⊙ dw^state) + e^{b_c} Σ_v H_n ⊙ dH_{n+1}; dg = reverse cumsum of db within the chunk, plus the
+#   strict reverse cumsum of dbx = e ⊙ de (the erase rows decay with b_{t−1} = Σ_{s<t} g_s).
+#   One program per chunk, head and block of BK key channels; the value-side adjoint is formed in every block and
+#   written by block 0.
+@triton.jit
+def chunk_bwd_grad_kernel(
+    p_q, p_k, p_v, p_iclr, p_l2norm_0, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ag_buf, pq_buf, pa_buf,
+    pe_buf, aew_buf, aqw_buf, pf_buf, dvs_buf, dx_q, dx_k, dx_v, dx_kappa, dx_iclr, dx_l2norm_0, cu_seqlens,
+    chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    i_k = tl.program_id(2)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_aew = tl.load(aew_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_aqw = tl.load(aqw_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dey = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dfs = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dws = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dhc = tl.zeros([BK], dtype=tl.float32)
+    p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_rv = m_r[:, None] & m_v[None, :]
+        m_h = m_k[:, None] & m_v[None, :]
+        b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_vz_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_vz = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_vz_v, 0.)
+        b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
+        b_dfs += _mm(b_u, tl.trans(b_dh), DT_ID)
+        b_dws += _mm(b_vz, tl.trans(b_dh), DT_ID)
+        b_dhc += tl.sum(b_h * b_dh, 1)
+        b_dy = _mm(tl.trans(b_T), b_du, DT_ID)
+        b_dey += _mm(b_dy, tl.trans(b_h), DT_ID)
+        # (Q⋆W)ᵀ and (E⋆⁻W)ᵀ: the transposes of loaded tiles
+        b_dz = tl.load(dvs_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.) + \
+            _mm(tl.trans(b_aqw), b_do, DT_ID) * scale + _mm(tl.trans(b_aew), b_dy, DT_ID)
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
+    # the key-channel operands are loaded after the loop over dv, which does not read them
+    last = t0 + tl.minimum(eos - t0, BT) - 1
+    b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+    b_eb = tl.exp2(b_g)
+    b_ecb = tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.))
+    b_br = tl.load(g_buf + ((rows - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(m_r & (rows > t0))[:, None] & m_k[None, :], other=0.)
+    b_erb = tl.exp2(b_br)
+    # each [BT, BK] adjoint is stored, and its share of db taken, as soon as it is final
+    _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+    b_dqs = b_dqh * (scale * b_eb)
+    b_dq = tl.load(pq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.) + b_dqs
+    # bwd_intra left the pairs' share of db in dg's buffer
+    b_db = tl.load(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.) + b_q * b_dqs
+    g_q = tl.zeros([BT, BK], dtype=tl.float32)
+    g_q += b_dq
+    tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
+    g_kappa = tl.zeros([BT, BK], dtype=tl.float32)
+    tl.store(dx_kappa + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_kappa, dx_kappa, DT_ID), mask=m_rk)
+    _b_e_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-1.0 * _b_e_l2norm_0), 0.)
+    b_des = b_dey * b_erb
+    b_de = tl.load(pe_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.) + b_des
+    b_dbx = tl.where(m_rk, b_e * b_de, 0.)
+    g_l2norm_0 = tl.zeros([BT, BK], dtype=tl.float32)
+    d_l2norm_0_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + -1.0, 0.)
+    g_l2norm_0 += d_l2norm_0_e * b_de
+    _b_f_iclr = tl.load(p_iclr + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _b_f_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_f = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_f_l2norm_0 * _b_f_iclr), 0.)
+    b_dfs = b_dfs * b_ecb
+    b_df = tl.load(pf_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.) + b_dfs
+    b_end = tl.sum(b_f * b_dfs, 0) + tl.exp2(b_gl) * b_dhc
+    b_db -= b_f * b_dfs
+    g_iclr = tl.zeros([BT, BK], dtype=tl.float32)
+    _d_iclr_f_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    d_iclr_f = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_iclr_f_l2norm_0, 0.)
+    g_iclr += d_iclr_f * b_df
+    tl.store(dx_iclr + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_iclr, dx_iclr, DT_ID), mask=m_rk)
+    _d_l2norm_0_f_iclr = tl.load(p_iclr + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    d_l2norm_0_f = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _d_l2norm_0_f_iclr, 0.)
+    g_l2norm_0 += d_l2norm_0_f * b_df
+    tl.store(dx_l2norm_0 + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_l2norm_0, dx_l2norm_0, DT_ID), mask=m_rk)
+    _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+    b_dws = b_dws * b_ecb
+    b_da = tl.load(pa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.) + b_dws
+    b_end += tl.sum(b_a * b_dws, 0)
+    b_db -= b_a * b_dws
+    g_k = tl.zeros([BT, BK], dtype=tl.float32)
+    g_k += b_da
+    tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
+    b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
+    b_db = tl.where(m_rk, b_db, 0.)
+    # dg_t = Σ_{s ≥ t} db_s + Σ_{s > t} dbx_s
+    b_dg = tl.sum(b_db + b_dbx, 0)[None, :] - tl.cumsum(b_db + b_dbx, 0) + b_db
+    tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
+# ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
+#   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
+#   Parts: lg = w
+#   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
+@triton.jit
+def chunk_bwd_inputs_kernel(
+    ag_buf, dx_w, cu_seqlens, chunk_indices, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    o_v = tl.arange(0, BV)
+    m_v = o_v < DV
+    m_rv = m_r[:, None] & m_v[None, :]
+    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
+    # d w
+    g_w = tl.zeros([BT, BK], dtype=tl.float32)
+    g_w += a_lg
+    tl.store(dx_w + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_w, dx_w, DT_ID), mask=m_rk)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "w", "kappa", "iclr", "l2norm_0"]
@@ -1149,7 +1687,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
-            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf") + tuple("dx_" + n for n in _INPUTS) + \
+            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf") + \
+    tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
@@ -1162,6 +1701,12 @@ _KERNEL_ARGS = {
     'chunk_decay_keys_kernel': ('p_q', 'p_k', 'p_iclr', 'p_l2norm_0', 'g_buf', 'kg_buf', 'qg_buf', 'wg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('p_v', 'g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'wg_buf', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'aqw_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'wg_buf', 'dvs_buf', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_scores_kernel': ('p_v', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dsw_buf', 'dsqw_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'p_iclr', 'p_l2norm_0', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dsw_buf', 'dsqw_buf', 'pf_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_iclr', 'p_l2norm_0', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'aew_buf', 'aqw_buf', 'pf_buf', 'dvs_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_kappa', 'dx_iclr', 'dx_l2norm_0', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_w', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1180,8 +1725,8 @@ def _kernels():
 
 _FORWARD_STAGES = tuple(k[0] for k in _kernels())
 # the backward plan: forward stages it reruns when the forward kept its per-token buffers, and those buffers
-_RECOMPUTED = []
-_KEPT_BUFFERS = []
+_RECOMPUTED = ["decay_keys", "state_pass"]
+_KEPT_BUFFERS = ["g_buf", "s_buf", "aew_buf", "aqw_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1237,9 +1782,9 @@ class _Run:
 
     def launch(self, kernels):
         # the launch list of this geometry is built once (grids, launch settings, constants); a call only names
-        # its tensors. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
+        # its tensors. The key names this module: runtime/launcher.py keeps the compiled kernels of every package. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
         # body when the module was generated): Triton's launch cost grows with the argument count.
-        key = (tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
+        key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
                float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
                self.device, tuple(LAUNCH_OVERRIDES.items()))
         launches = _LAUNCH_LISTS.get(key)
@@ -1395,7 +1940,15 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
 
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
-    raise NotImplementedError("rwkv7_dplr: no chunked backward: the chunk plan has no chunked backward for this family")
+    # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
+    return [
+        ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
+        ("bwd_state", chunk_bwd_state_kernel, "state"),
+        ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
+        ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
+        ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
+        ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
+    ]
 
 
 def _group_sum(g, dim, H, HV):
@@ -1457,14 +2010,30 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
     kernels = _bwd_kernels()
     first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
+    bufs["dvs_buf"] = buf(TT * HV * DV)  # the write key's stream: (W ⊙ e^{b_c − B}) dH_{n+1}, the state's share of dV'
     run.launch(first)
     del bufs["dul_buf"]
     del bufs["kg_buf"], bufs["qg_buf"]  # only the state passes read them
+    del bufs["wg_buf"]
+    # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
+    # of the chunk-operand adjoints for bwd_grads; the scores are freed before bwd_grads' own buffers are taken
+    bufs["dsq_buf"] = buf(TT * HV * BT)
+    # untied DPLR: the gradients of Q⋆F, Q⋆W, E⋆⁻F, E⋆⁻W, and the write-back vector's pair share
+    for n in ("dsqw_buf", "dsl_buf", "dsw_buf"):
+        bufs[n] = buf(TT * HV * BT)
+    bufs["pf_buf"] = buf(TT * HV * DK)
+    for n in ("pq_buf", "pa_buf", "pe_buf"):
+        bufs[n] = buf(TT * HV * DK)
+    bufs["ag_buf"] = buf(TT * HV * DK)  # bwd_intra's share of db, then bwd_grads' dg
+    intra = [k for k in kernels if k[0] in ("bwd_scores", "bwd_intra")]
+    run.launch(intra)
+    del bufs["dsq_buf"]
+    del bufs["dsqw_buf"], bufs["dsl_buf"], bufs["dsw_buf"]
+    first += intra
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         bufs[n] = buf(TT * HV * DK)
     bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
-    bufs["ag_buf"] = buf(TT * HV * DK)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
