@@ -48,8 +48,8 @@ from dgps.runtime.report import KernelReport
 from dgps.runtime.verify import Row
 
 ROOT = Path(__file__).resolve().parents[1]
-DRAWN = ("gdn", "kda", "pgdn", "ccq_gdn", "simple_gla")
-NO_CHUNK_BACKWARD = ("rwkv7_dplr", "exact_atk")  # no backward plan (rwkv7: chunked forward, recurrent backward)
+DRAWN = ("gdn", "kda", "pgdn", "ccq_gdn", "simple_gla", "rwkv7_dplr")
+NO_CHUNK_BACKWARD = ("exact_atq", "exact_atk")  # no backward plan
 STAGE_FILL = (232, 240, 254)  # svg.plan rect.stage's fill in the page's CSS: a drawn stage box
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "wbr", "source", "track", "param", "embed"}
 

@@ -722,10 +722,11 @@ class _Run:
 
     def launch(self, kernels):
         # the launch list of this geometry is built once (grids, launch settings, constants); a call only names
-        # its tensors. The key names this module: runtime/launcher.py keeps the compiled kernels of every package. Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its
-        # body when the module was generated): Triton's launch cost grows with the argument count.
-        key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV,
-               float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
+        # its tensors. The key names this module: runtime/launcher.py keeps the compiled kernels of every package.
+        # Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its body when the
+        # module was generated): Triton's launch cost grows with the argument count.
+        key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
+               self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
                self.device, tuple(LAUNCH_OVERRIDES.items()))
         launches = _LAUNCH_LISTS.get(key)
         if launches is None:
