@@ -5,6 +5,7 @@ from .runtime.fla_compat import *  # noqa: F403
 
 __all__ = [
     "chunk_delta_rule",
+    "chunk_dplr_delta_rule",
     "chunk_gated_delta_rule",
     "chunk_gdn",
     "chunk_gdn2",

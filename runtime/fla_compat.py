@@ -58,6 +58,7 @@ from .tensors import TensorError
 
 __all__ = [
     "chunk_delta_rule",
+    "chunk_dplr_delta_rule",
     "chunk_gated_delta_rule",
     "chunk_gdn",
     "chunk_gdn2",
@@ -71,6 +72,7 @@ __all__ = [
 # Where each function's signature comes from (fla-core 0.6.0); tests compare against these.
 FLA_SIGNATURES_FROM = {
     "chunk_simple_gla": "fla/ops/simple_gla/chunk.py",
+    "chunk_dplr_delta_rule": "fla/ops/generalized_delta_rule/dplr/chunk.py",
     "chunk_gla": "fla/ops/gla/chunk.py",
     "chunk_delta_rule": "fla/ops/delta_rule/chunk.py",
     "chunk_gated_delta_rule": "fla/ops/gated_delta_rule/chunk.py",
@@ -484,6 +486,54 @@ def chunk_kda(
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
                     v_first=v_first)
+    return o, (final["S"] if final is not None else None)
+
+
+def chunk_dplr_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    gk: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    safe_gate: bool = False,
+    chunk_size: int | None = None,
+    disable_recompute: bool = False,
+    cp_context: Any | None = None,
+    lower_bound: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """FLA's generalized delta rule "dplr" (RWKV-7 with a = −κ̂, b = κ̂ ⊙ ι): S ← S·exp(gk) + b (aᵀ S) + k vᵀ
+    (h = Sᵀ layout [K, V]; the erase a reads the undecayed state), a, b, gk `[B, T, H, K]`, v `[B, T, H, V]`.
+
+    Runs the untied DPLR spec `decay vector(gk)`, `solve dplr(e = a, f = b, reads = undecayed)` on dgps's chunk
+    kernels (docs/chunk_forms.md §2b). No effect on the math: `safe_gate`, `chunk_size`, `disable_recompute`,
+    `cu_seqlens_cpu`; `lower_bound` is checked as FLA does (negative). NotImplementedError: `cp_context`.
+    Returns `(o, final_state or None)`.
+    """
+    fn = "chunk_dplr_delta_rule"
+    kw = _kwargs(fn, kwargs, ())
+    del kw, safe_gate, chunk_size, disable_recompute, cu_seqlens_cpu
+    _no_cp(fn, cp_context)
+    if lower_bound is not None and lower_bound >= 0:
+        raise ValueError(f"{fn}: `lower_bound` must be negative (gk is a log-decay < 0), got {lower_bound}")
+    B, T, H, HV, K, V = _check_qkv(fn, q, k, v)
+    for name, x in (("a", a), ("b", b), ("gk", gk)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, HV, K):
+            raise TensorError(f"{fn}: `{name}` must be a tensor of shape {[B, T, HV, K]}; got "
+                              f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    spec = _spec("fla_dplr", "FLA chunk_dplr_delta_rule",
+                 ["input q, k : key", "input v : value", "input a, b : key_channel", "input gk : key_channel log_gate"],
+                 [], False, ["decay vector(gk)", "solve dplr(e = a, f = b, reads = undecayed)"])
+    o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "a": a, "b": b, "gk": gk}, q=q,
+                    initial={"S": _state_in(fn, "initial_state", initial_state, False)},
+                    output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
+                    v_first=False)
     return o, (final["S"] if final is not None else None)
 
 

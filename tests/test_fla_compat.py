@@ -466,3 +466,42 @@ def test_bad_arguments():
         fc.chunk_precond_gated_delta_rule(q, q, q, g, g, beta, beta, log_atk_scale=torch.zeros(3))
     with pytest.raises(dgps.TensorError, match="beta"):  # the compiled package's own check names the tensor
         fc.chunk_gated_delta_rule(q, q, q, g, beta[:, :, :1])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Generalized delta rule "dplr" (RWKV-7: a = −κ̂, b = κ̂ ⊙ ι)
+
+
+def _rwkv7_like(B: int, T_: int, H: int, seed: int) -> dict[str, torch.Tensor]:
+    kap = F.normalize(torch.randn(B, T_, H, D, generator=_gen(seed)), dim=-1)
+    iclr = torch.sigmoid(torch.randn(B, T_, H, D, generator=_gen(seed + 1)))
+    return dict(q=randn(B, T_, H, D, seed=seed + 2), k=randn(B, T_, H, D, seed=seed + 3, scale=0.5),
+                v=randn(B, T_, H, D, seed=seed + 4), a=(-kap).requires_grad_(), b=(kap * iclr).requires_grad_(),
+                gk=log_gate(B, T_, H, D, seed=seed + 5))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_chunk_dplr_delta_rule(varlen):
+    """Against FLA's naive dplr_recurrence (head-first, scale K^-1/2, S ← S·exp(gk) + b (aᵀ S) + k vᵀ): o, the final
+    state and every gradient (q, k, v, a, b, gk, initial state); with cu_seqlens the naive runs once per sequence."""
+    naive = _naive("generalized_delta_rule/dplr").dplr_recurrence
+    names = ("q", "k", "v", "a", "b", "gk")
+
+    def one(q, k, v, a, b, gk, initial_state):  # noqa: ANN001, ANN202
+        o, s = naive(*(_head_first(t) for t in (q, k, v, a, b, gk)), initial_state=initial_state,
+                     output_final_state=True)
+        return _head_first(o), s
+
+    if varlen:
+        cu = [0, 20, 70, 90]
+        x = _rwkv7_like(1, 90, 2, seed=81)
+        x["initial_state"] = randn(3, 2, D, D, seed=88, scale=0.5)
+        check(lambda: fc.chunk_dplr_delta_rule(*(x[n] for n in names), initial_state=x["initial_state"],
+                                               output_final_state=True, cu_seqlens=torch.tensor(cu)),
+              lambda: per_sequence(one, cu, {n: x[n] for n in names}, dict(initial_state=x["initial_state"])), x)
+    else:
+        x = _rwkv7_like(2, 100, 2, seed=71)
+        x["initial_state"] = randn(2, 2, D, D, seed=78, scale=0.5)
+        check(lambda: fc.chunk_dplr_delta_rule(*(x[n] for n in names), initial_state=x["initial_state"],
+                                               output_final_state=True),
+              lambda: one(*(x[n] for n in names), x["initial_state"]), x)
