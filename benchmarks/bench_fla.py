@@ -39,7 +39,7 @@ from bench_backward import kernel_times, reference_o_and_grads  # noqa: E402
 from bench_forward import rel  # noqa: E402
 
 SCALAR = ("simple_gla", "delta_rule", "gdn", "precond_gdn")
-VECTOR = ("gla", "kda", "gdn2", "precond_kda")
+VECTOR = ("gla", "kda", "gdn2", "precond_kda", "dplr")
 
 
 def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -56,7 +56,7 @@ def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0) -> d
         x["g"] = F.logsigmoid(randn(B, T, H) + 3.0).to(bf)
     if system in ("gla", "kda", "gdn2", "precond_kda"):
         x["g"] = (F.logsigmoid(randn(B, T, H, D) + 3.0) / 8).to(bf)
-    if system not in ("simple_gla", "gla"):
+    if system not in ("simple_gla", "gla", "dplr"):
         x["beta"] = torch.sigmoid(randn(B, T, H)).to(bf)
     if system in ("precond_gdn", "precond_kda"):
         x["g_atk"] = F.logsigmoid(randn(B, T, H) + 3.0).to(bf)
@@ -64,6 +64,12 @@ def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0) -> d
     if system == "gdn2":
         x["b"] = torch.sigmoid(randn(B, T, H, D)).to(bf)
         x["w"] = torch.sigmoid(randn(B, T, H, D)).to(bf)
+    if system == "dplr":  # RWKV-7: a = −κ̂ (unit removal key), b = κ̂ ⊙ ι (in-context learning rate), per-channel log-gates
+        kappa = F.normalize(randn(B, T, H, D), dim=-1)
+        x["a"] = (-kappa).to(bf)
+        x["b"] = (kappa * torch.sigmoid(randn(B, T, H, D))).to(bf)
+        x["gk"] = (F.logsigmoid(randn(B, T, H, D) + 3.0) / 8).to(bf)
+        x["k"] = (0.5 * x["k"].float()).to(bf)
     return x
 
 
@@ -80,6 +86,7 @@ def calls(mod) -> dict[str, Callable]:  # noqa: ANN001 - fla.ops or dgps.fla_com
                                                                     x["beta_atk"], x["beta"])[0],
         "precond_kda": lambda x: mod.chunk_precond_kda(x["q"], x["k"], x["v"], x["g"], x["g_atk"], x["beta_atk"],
                                                        x["beta"])[0],
+        "dplr": lambda x: mod.chunk_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"])[0],
     }
 
 
@@ -89,6 +96,7 @@ def fla_module():  # noqa: ANN201
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.gdn2 import chunk_gdn2
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
     from fla.ops.gla import chunk_gla
     from fla.ops.kda import chunk_kda
     from fla.ops.precond_gated_delta_rule import chunk_precond_gated_delta_rule
@@ -101,7 +109,7 @@ def fla_module():  # noqa: ANN201
         pass
 
     m = M()
-    for f in (chunk_delta_rule, chunk_gated_delta_rule, chunk_gdn2, chunk_gla, chunk_kda,
+    for f in (chunk_delta_rule, chunk_dplr_delta_rule, chunk_gated_delta_rule, chunk_gdn2, chunk_gla, chunk_kda,
               chunk_precond_gated_delta_rule, chunk_precond_kda, chunk_simple_gla):
         setattr(m, f.__name__, f)
     return m
