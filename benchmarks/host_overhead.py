@@ -119,6 +119,29 @@ def breakdown(system: str, H: int, D: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
+def memory_ab(system: str, shape: list[int]) -> dict:
+    """Peak memory of one training step, eager (autograd.Function) against the custom ops (the path
+    torch.compile traces; forced here by reporting that torch is compiling)."""
+    from bench_fla import fwd_bwd, peak_mib
+
+    import dgps.fla_compat as dgps_fla
+
+    f = calls(dgps_fla)[system]
+    x = make_inputs(system, *shape)
+    do = torch.randn_like(x["v"])
+    out = {}
+    real = torch.compiler.is_compiling
+    for label, compiling in (("eager", False), ("custom_op", True), ("eager_again", False)):
+        torch.compiler.is_compiling = (lambda: True) if compiling else real
+        try:
+            step = fwd_bwd(f, x, do)
+            step()
+            out[label] = round(peak_mib(step), 1)
+        finally:
+            torch.compiler.is_compiling = real
+    return out
+
+
 def compare_bound(system: str, shape: list[int]) -> dict:
     """o and every gradient with runtime/launcher.py's direct launches and with Triton's bound path (bitwise), and
     the tiny-shape / full-shape forward and forward+backward wall clock of both, interleaved."""
@@ -173,9 +196,14 @@ def main() -> int:
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--breakdown", action="store_true", help="per layer of the dgps call, at the tiny shape")
+    p.add_argument("--memory-ab", action="store_true",
+                   help="peak memory of a training step through the eager autograd.Function and the custom ops")
     p.add_argument("--compare-bound", action="store_true",
                    help="dgps's direct launches against Triton's bound path: bitwise-equal results, host time")
     args = p.parse_args()
+    if args.memory_ab:
+        for system in args.systems:
+            print(system, "peak MiB", json.dumps(memory_ab(system, args.shape)), flush=True)
     if args.compare_bound:
         for system in args.systems:
             print(system, "direct vs bound launches", json.dumps(compare_bound(system, args.shape)), flush=True)

@@ -228,10 +228,22 @@ UNTIED_BACKWARD_RULES = {
 }
 
 
+# Per-channel decay's tied and additive families form their scores one row block at a time, the solve's row
+# folded in (the all-blocks-at-once form of chunk_interaction.jinja spills at dk = 128 with per-channel factors).
+VECTOR_RULES = {
+    "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction_vector.jinja"),
+}
+
+
 def forward_launches(plan: Plan) -> list[Launch]:
     """The forward plan's launches in order (fused stages run inside their consumer's launch)."""
     names = dict.fromkeys(h for st in plan.stages() if (h := launch_of(st)) is not None)
-    rules = {**FORWARD_RULES, **UNTIED_RULES} if plan.family == "untied" else FORWARD_RULES
+    if plan.family == "untied":
+        rules = {**FORWARD_RULES, **UNTIED_RULES}
+    elif plan.structure.decay == "vector":
+        rules = {**FORWARD_RULES, **VECTOR_RULES}
+    else:
+        rules = FORWARD_RULES
     return [rules[n] for n in names]
 
 
