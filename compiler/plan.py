@@ -14,7 +14,10 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
                       erase reads the undecayed state: the Triton kernels read it as b one token earlier);
                       Triton keeps it in log2 space
     precond_diag      PDN statistic pass [5] -> write key kw (or read query qp), A_final
-    precond_exact     P_n pass + per-chunk Cholesky [6] -> kw (ATK) or qp (ATQ), P_final
+    precond_gram      the exact preconditioner's Gram pass [6]: G_0 = P_0^-1, G_(n+1) = G_n + KᵀK (sequential over
+                      chunks; the fp32 carry is the Gram matrix, not P: no rank-c down-dates), P_final = G^-1
+    precond_exact     per chunk, in parallel: P_n = G_n^-1, I + K P_n Kᵀ = L D Lᵀ (Cholesky without the square root)
+                      [6] -> kw (ATK) or qp (ATQ)
     curvature_query   CCQ statistics [4] -> read query qp, C/m/n finals
     interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
                       untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
@@ -42,7 +45,7 @@ import sympy as sp
 
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
-STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_exact", "curvature_query", "interaction",
+STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_query", "interaction",
                "triangular_solve", "wy", "decay_keys", "state_pass", "output")
 
 
@@ -399,11 +402,17 @@ def rule_precond_diag(b: _Builder) -> None:
 def rule_precond_exact(b: _Builder) -> None:
     if b.s.precond != "exact":
         return
+    # the Gram matrix is carried (fp32 down-dates of P lose definiteness: §6's RLS instability); each chunk inverts
+    # its own G_n, so the per-chunk work is parallel and only the rank-c Gram updates are sequential
+    b.add("precond_gram", "precond_gram", {"k": b.op("in:k") or "k", "P0": "P0"},
+          [b.new("Gn", "[B,NT,H,dk,dk]", "fp32"), b.new("P_final", "[N,H,dk,dk]", "fp32")],
+          lam=b.ir.precond.lam, sequential="chunks", form="G_0 = P_0^-1; G_(n+1) = G_n + K^T K; P_final = G^-1")
     out = _precond_output(b)
-    bind = {**_precond_bind(b), "P0": "P0"}
-    b.add("precond_exact", "precond_exact", bind, [out, b.new("P_final", "[N,H,dk,dk]", "fp32")],
-          placement=b.s.precond_placement, lam=b.ir.precond.lam, cholesky="per_chunk",
-          write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
+    bind = {**_precond_bind(b), "Gn": b.op("Gn")}
+    form = "P_n = G_n^-1; I + K P_n K^T = L D L^T, Z = L^-1 K P_n; " + \
+        ("kw = Z / D" if b.s.precond_placement == "write_key" else "qp = Q P_n - tril(Q (Z/D)^T) Z")
+    b.add("precond_exact", "precond_exact", bind, [out], placement=b.s.precond_placement, cholesky="per_chunk",
+          form=form, write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["P"] = b.op("P_final")  # type: ignore[assignment]
 
 
@@ -644,7 +653,7 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
         e, f, _, _ = s.canonical()
         parts += [("dke", reads(e)), ("dkf", reads(f))]
     if ir.precond.kind == "exact":
-        return tuple(parts), ()  # no chunked backward
+        return tuple(parts), ()  # k (and q under ATQ) also reach the Gram adjoint's passes: nothing is elementwise
     # inputs whose adjoint other stages also feed: gates and gains (sums over key blocks), what the PDN statistic
     # reads (its reverse pass adds to them), and the curvature read's q (its reverse pass turns the adjoint of q̂
     # into q's), keys and λ
@@ -661,7 +670,7 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_grads", "bwd_curvature_query",
-                  "bwd_precond_diag", "bwd_inputs")
+                  "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -722,7 +731,9 @@ def stored_adjoints(p: Plan) -> tuple[str, ...]:
     """The chunk-operand adjoints bwd_grads writes to memory: those an input outside `elementwise_grads` reads, the
     write key's for the PDN statistic's reverse pass and the query's for the curvature read's."""
     rest = {o.name for o in p.inputs} - set(p.elementwise_grads)
-    later = ({"dkw"} if p.find("precond_diag") else set()) | ({"dqp"} if p.find("curvature_query") else set())
+    exact = p.find("precond_exact")
+    later = ({"dkw"} if p.find("precond_diag") else set()) | ({"dqp"} if p.find("curvature_query") else set()) | \
+        ({"dkw" if exact[0].attr("placement") == "write_key" else "dqp"} if exact else set())
     return tuple(name for name, reads in p.grad_parts if rest & set(reads) or name in later)
 
 
@@ -847,8 +858,33 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
                   ("sequential", "chunks, reversed")))
 
 
+def _bwd_precond_exact(p: Plan) -> Stage | None:
+    if not p.find("precond_exact"):
+        return None
+    atk = p.find("precond_exact")[0].attr("placement") == "write_key"
+    outs = (Operand("dk_x", "[B,T,H,dk]", "fp32"),) + (() if atk else (Operand("dq_x", "[B,T,H,dk]", "fp32"),)) + \
+        (Operand("u_x", "[B,T,H,dk]", "fp32"), Operand("dGc", "[B,NT,H,dk,dk]", "fp32"),
+         Operand("dPa", "[B,NT,H,dk,dk]", "fp32"))
+    form = "x = P_t a_t, z = P_t dx_t (" + ("a = k, dx = dkw" if atk else "a = q, dx = dqp") + \
+        "); dGc = -Z^T X; in-chunk 2 sym(Psi_t) k_t = -(triu(K X^T) Z + triu(K Z^T) X)"
+    return Stage("bwd_precond_exact", "bwd_precond_exact", ("dkw" if atk else "dqp",), outs,
+                 (("form", form), ("reads", ("precond_gram.Gn",))))
+
+
+def _bwd_precond_gram(p: Plan) -> Stage | None:
+    if not p.find("precond_exact"):
+        return None
+    outs = (Operand("dk_g", "[B,T,H,dk]", "fp32"), Operand("dP0", "[N,H,dk,dk]", "fp32"))
+    form = "Psi = -P_T dP_final P_T; reverse over chunks: dk += 2 K sym(Psi), Psi += dGc; " \
+        "dP0 = -G_0 sym(Psi) G_0 + antisym(dP_final + sum dPa + sum (G_t u_t) k_t^T)"
+    return Stage("bwd_precond_gram", "bwd_precond_gram", ("dk_x", "u_x", "dGc", "dPa", "dP_final"), outs,
+                 (("form", form), ("reads", ("precond_gram.Gn", "precond_gram.P_final")),
+                  ("sequential", "chunks, reversed")))
+
+
 def _bwd_inputs(p: Plan) -> Stage | None:
-    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p)) if st is not None
+    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p), _bwd_precond_exact(p),
+                             _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_")]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
@@ -862,14 +898,14 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
     _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag,
-    _bwd_inputs,
+    _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 
 
 def build_backward_plan(plan: Plan) -> BackwardPlan | None:
-    """The chunked backward of `plan`, or None where no chunk backward exists (the exact preconditioner and the
-    untied DPLR family without a per-channel decay keep the recurrent backward)."""
-    if plan.find("precond_exact") or (plan.family == "untied" and plan.structure.decay != "vector"):
+    """The chunked backward of `plan`, or None where no chunk backward exists (the untied DPLR family without a
+    per-channel decay keeps the recurrent backward)."""
+    if plan.family == "untied" and plan.structure.decay != "vector":
         return None
     stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
     kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
@@ -924,7 +960,7 @@ def bytes_per_token(op: Operand) -> int:
 def typecheck_backward(plan: Plan, bp: BackwardPlan) -> None:
     """Every adjoint a stage consumes is given or produced by an earlier stage; every `reads` names a stage of
     the forward plan that the backward recomputes."""
-    have = {"dO", "dR", "dS_final", "dA_final", "dC_final", "dm_final"}
+    have = {"dO", "dR", "dS_final", "dA_final", "dP_final", "dC_final", "dm_final"}
     for st in bp.stages:
         if st.kind not in BACKWARD_KINDS:
             raise PlanTypeError(f"{st.name}: unknown backward stage kind {st.kind!r}")
@@ -977,6 +1013,12 @@ def _tc_precond(st: Stage, t: dict[str, Operand]) -> None:
             if t[i].shape != fin.shape:
                 raise PlanTypeError(f"{st.name}: initial {t[i]} and final {fin} differ")
     _token(st.outputs[0], "dk", st.name)
+
+
+def _tc_precond_gram(st: Stage, t: dict[str, Operand]) -> None:
+    _token(t[st.bind["k"]], "dk", st.name)
+    if t["P0"].shape != st.outputs[1].shape or st.outputs[0].shape != "[B,NT,H,dk,dk]":
+        raise PlanTypeError(f"{st.name}: P0 and P_final must agree, G_n be [B,NT,H,dk,dk]")
 
 
 def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
@@ -1049,7 +1091,7 @@ def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
 
 TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
     "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
-    "precond_exact": _tc_precond, "curvature_query": _tc_curvature, "interaction": _tc_interaction,
+    "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_query": _tc_curvature, "interaction": _tc_interaction,
     "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "decay_keys": _tc_decay_keys, "state_pass": _tc_state_pass,
     "output": _tc_output,
 }

@@ -209,30 +209,115 @@ def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, 
     return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin}
 
 
+def eliminate(M: torch.Tensor, KP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian elimination of the SPD c×c matrix M = L D Lᵀ (L unit lower), applied to the rows of KP as well:
+    returns Z = L⁻¹ KP and D = diag(D) [..., c, 1]. With R = L D^½ (Cholesky), Y = R⁻¹ K P_n = D^-½ Z, so
+    Yᵀ Y = Zᵀ D⁻¹ Z and k̃_t = Y_t / R_tt = Z_t / D_t: no square root (the column loop the kernel runs)."""
+    M, Z = M.clone(), KP.clone()
+    c = M.shape[-1]
+    for j in range(c):
+        piv = M[..., j:j + 1, j:j + 1]
+        lj = M[..., :, j:j + 1] / piv
+        lj[..., :j + 1, :] = 0.0  # only the rows below the pivot
+        M = M - lj * M[..., j:j + 1, :]
+        Z = Z - lj * Z[..., j:j + 1, :]
+    return Z, torch.diagonal(M, dim1=-2, dim2=-1).unsqueeze(-1)
+
+
+def apply_pt(A: torch.Tensor, P: torch.Tensor, Z: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """Rows P_t a_t of a chunk: P_t a_t = P_n a_t − Σ_{i≤t} Y_i⟨Y_i, a_t⟩ = A P_n − tril(A (Z/D)ᵀ) Z (§6)."""
+    return A @ P - (A @ (Z / D).mT).tril() @ Z
+
+
+def run_precond_gram(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§6's carry: the Gram matrix G_n = G_0 + Σ_{chunks < n} KᵀK (G_0 = P_0⁻¹), not P (whose fp32 rank-c down-dates
+    lose definiteness: the RLS instability); P_final = G⁻¹."""
+    P0 = vals["P0"]
+    assert isinstance(P0, torch.Tensor)
+    G = torch.linalg.inv(_expand_heads(P0, ctx.G))  # [B, HV, dk, dk]
+    Gs = []
+    for _, _, _, x in _chunks_of(ctx, vals, st, "k"):
+        Gs.append(G)
+        G = G + x["k"].mT @ x["k"]  # type: ignore[union-attr]
+    return {st.outputs[0].name: Gs, st.outputs[1].name: torch.linalg.inv(G)[:, ::ctx.G]}
+
+
 def run_precond_exact(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """§6: M = I + K P_n Kᵀ = R Rᵀ, Y = R⁻¹ K P_n; k̃_t = Y_t / R_tt; P_t q_t = P_n q_t − Σ_{i≤t} Y_i⟨Y_i, q_t⟩."""
-    P = vals["P0"]
-    assert isinstance(P, torch.Tensor)
-    P = _expand_heads(P, ctx.G)  # [B, HV, dk, dk]
+    """§6 per chunk from the carried Gram matrix: P_n = G_n⁻¹; M = I + K P_n Kᵀ = L D Lᵀ, Z = L⁻¹ K P_n (`eliminate`);
+    ATK k̃_t = P_t k_t = Z_t / D_t; ATQ P_t q_t = `apply_pt`."""
+    Gs = vals[st.role("Gn")]  # type: ignore[index]
     pieces = []
-    for _, s, e, x in _chunks_of(ctx, vals, st, "k", "q"):
+    for n, s, e, x in _chunks_of(ctx, vals, st, "k", "q"):
         K = x["k"]
         assert K is not None
+        P = torch.linalg.inv(Gs[n])
         KP = K @ P
-        c = e - s
-        M = torch.eye(c, dtype=DTYPE) + KP @ K.mT
-        R = torch.linalg.cholesky(M)
-        Y = torch.linalg.solve_triangular(R, KP, upper=False)
+        Z, D = eliminate(torch.eye(e - s, dtype=DTYPE) + KP @ K.mT, KP)
         if st.attr("placement") == "write_key":
-            kt = Y / torch.diagonal(R, dim1=-2, dim2=-1).unsqueeze(-1)
-            pieces.append(_write_key(st, ctx, vals, kt.transpose(1, 2), s, e))
+            pieces.append(_write_key(st, ctx, vals, (Z / D).transpose(1, 2), s, e))
         else:
             Q = x["q"]
             assert Q is not None
-            qh = Q @ P - (Q @ Y.mT).tril() @ Y
-            pieces.append(qh.transpose(1, 2))
-        P = P - Y.mT @ Y
-    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: P[:, ::ctx.G]}
+            pieces.append(apply_pt(Q, P, Z, D).transpose(1, 2))
+    return {st.outputs[0].name: torch.cat(pieces, dim=1)}
+
+
+def exact_precond_backward(k: torch.Tensor, a: torch.Tensor, P0: torch.Tensor, dx: torch.Tensor, dP: torch.Tensor, *,
+                           placement: str, C: int = 64) -> dict[str, torch.Tensor]:
+    """Gradients of the exact preconditioner's outputs x_t = P_t a_t (a = k: ATK's k̃; a = q: ATQ's q̂) and of P_final,
+    for one sequence, stage by stage as bwd_precond_exact runs them (docs/chunk_forms.md §6b).
+
+    k, a, dx: [T, dk]; P0, dP (the final-state gradient): [dk, dk]. Returns dk, da (ATQ: dq; ATK: folded into dk) and
+    dP0, the gradient of the sequential reference's Sherman–Morrison recursion (its P_0 adjoint included).
+    """
+    T = k.shape[0]
+    chunks = [(s, min(s + C, T)) for s in range(0, T, C)]
+    atk = placement == "write_key"
+    G = torch.linalg.inv(P0)
+    Gs = []
+    for s, e in chunks:  # the forward's Gram pass: G_n per chunk
+        Gs.append(G)
+        G = G + k[s:e].mT @ k[s:e]
+    PT = torch.linalg.inv(G)
+    # per chunk, in parallel: z = P_t dx_t, the chunk's share of the adjoint of G, the in-chunk part of 2 sym(Ψ_t) k_t
+    dk = torch.zeros_like(k)
+    da = torch.zeros_like(a)
+    u = torch.zeros_like(k)
+    E, A = [], []
+    for (s, e), Gn in zip(chunks, Gs, strict=True):
+        K, Ac, dX = k[s:e], a[s:e], dx[s:e]
+        P = torch.linalg.inv(Gn)
+        KP = K @ P
+        Z, D = eliminate(torch.eye(e - s, dtype=k.dtype) + KP @ K.mT, KP)
+        X = apply_pt(Ac, P, Z, D)  # x_t = P_t a_t
+        Zd = apply_pt(dX, P, Z, D)  # z_t = P_t dx_t: x_t = G_t⁻¹ a_t gives da_t = z_t, Ḡ_t = −z_t x_tᵀ
+        # 2 Σ_{s≥t} sym(Ḡ_s) k_t = −(triu(K Xᵀ) Z + triu(K Zᵀ) X)
+        w = -((K @ X.mT).triu() @ Zd + (K @ Zd.mT).triu() @ X)
+        if atk:
+            dk[s:e] = Zd + w
+            # ATK reads P_{t−1} (k̃ = u/d): its Ψ_t excludes Ḡ_t
+            u[s:e] = w + Zd * (X * K).sum(-1, keepdim=True) + X * (Zd * K).sum(-1, keepdim=True)
+            A.append((dX / D).mT @ K)
+        else:
+            dk[s:e] = w
+            da[s:e] = Zd
+            u[s:e] = w
+            A.append(dX.mT @ Ac)
+        E.append(-(Zd.mT @ X))
+    # reverse over chunks: Ψ carry D (the adjoint of G at the chunk's end), the antisymmetric share of dP0
+    Dc = -PT @ dP @ PT
+    anti = dP.clone()
+    for (s, e), Gn, En, An in reversed(list(zip(chunks, Gs, E, A, strict=True))):
+        K = k[s:e]
+        sD = Dc + Dc.mT
+        dk[s:e] += K @ sD
+        uc = u[s:e] + K @ sD  # 2 sym(Ψ_t) k_t
+        y = uc @ Gn + (uc @ K.mT).tril() @ K  # G_t u_t
+        anti = anti + y.mT @ K + An
+        Dc = Dc + En
+    G0 = Gs[0]
+    dP0 = -G0 @ (0.5 * (Dc + Dc.mT)) @ G0 + 0.5 * (anti - anti.mT)
+    return {"dk": dk, "da": da, "dP0": dP0}
 
 
 def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
@@ -395,6 +480,7 @@ STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value
     "gates": run_gates,
     "chunk_cumsum": run_chunk_cumsum,
     "precond_diag": run_precond_diag,
+    "precond_gram": run_precond_gram,
     "precond_exact": run_precond_exact,
     "curvature_query": run_curvature_query,
     "interaction": run_interaction,

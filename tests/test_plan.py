@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dgps.compiler.ir import kernel_ir
 from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
-from dgps.runtime.interpret import decayed_scores, run_plan, untied_chunk_backward
+from dgps.runtime.interpret import decayed_scores, exact_precond_backward, run_plan, untied_chunk_backward
 from dgps.runtime.reference import reference, state_shapes
 from dgps.runtime.tensors import Dims
 
@@ -426,7 +426,7 @@ def test_backward_plan(name):
     p = plan(name)
     bp = build_backward_plan(p)
     ir = rec(name).ir
-    if ir.precond.kind == "exact" or (not ir.structure.tied and ir.decay.kind != "vector"):
+    if not ir.structure.tied and ir.decay.kind != "vector":
         assert bp is None
         assert "backward: recurrent" in format_plan(p)
         return
@@ -441,6 +441,9 @@ def test_backward_plan(name):
     assert (kinds[-1] == "bwd_inputs") == (set(p.elementwise_grads) != {d.name for d in ir.inputs})
     assert ("bwd_curvature_query" in kinds) == (ir.read.kind == "curvature")
     assert ("bwd_precond_diag" in kinds) == (ir.precond.kind == "diag")
+    # the exact preconditioner: the chunk-parallel stage, then the reverse pass of the Gram adjoint, before bwd_inputs
+    exact = ["bwd_precond_exact", "bwd_precond_gram", "bwd_inputs"]
+    assert (kinds[-3:] == exact) == (ir.precond.kind == "exact")
     # inputs and initial states are all it saves; every forward stage but the output is recomputed
     assert set(bp.saved) == {o.name for o in p.inputs}
     assert "output" not in bp.recomputed and "state_pass" in bp.recomputed
@@ -497,3 +500,37 @@ def test_untied_chunk_backward_equals_autograd(exclusive: bool, T: int) -> None:
     got = untied_chunk_backward(*(x.detach() for x in xs.values()), do, dS, scale=0.7, exclusive=exclusive)
     for n, w_ in zip(xs, want, strict=True):
         assert rel_err(got["dS0" if n == "S0" else f"d{n}"], w_) < 1e-12, n
+
+
+def _sherman_morrison(k: torch.Tensor, a: torch.Tensor, P0: torch.Tensor, atk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequential reference's exact preconditioner, line for line (runtime/reference.py): x_t and P_final."""
+    P, xs = P0, []
+    for t in range(k.shape[0]):
+        Pk = P @ k[t]
+        d = 1 + k[t] @ Pk
+        P = P - torch.outer(Pk, Pk) / d
+        xs.append(Pk / d if atk else P @ a[t])
+    return torch.stack(xs), P
+
+
+@pytest.mark.parametrize("placement", ["write_key", "query"])
+@pytest.mark.parametrize("T", [50, 150])
+def test_exact_precond_backward_equals_autograd(placement: str, T: int) -> None:
+    """The chunked exact-preconditioner backward (docs/chunk_forms.md §6b: z = P_t dx_t, the Gram adjoint's reverse
+    carry, the reference's antisymmetric P_0 adjoint) equals autograd through the Sherman–Morrison recursion, float64;
+    a final-state gradient that is not symmetric, chunks of 16 (T = 50: a short last chunk)."""
+    gen = torch.Generator().manual_seed(T)
+    dk = 8
+    k = torch.randn(T, dk, generator=gen, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(T, dk, generator=gen, dtype=torch.float64, requires_grad=True)
+    keys = torch.randn(3, dk, generator=gen, dtype=torch.float64)
+    P0 = torch.linalg.inv(0.7 * torch.eye(dk, dtype=torch.float64) + keys.T @ keys).requires_grad_()
+    dx = torch.randn(T, dk, generator=gen, dtype=torch.float64)
+    dP = torch.randn(dk, dk, generator=gen, dtype=torch.float64)
+    atk = placement == "write_key"
+    x, PT = _sherman_morrison(k, q, P0, atk)
+    want = torch.autograd.grad((x * dx).sum() + (PT * dP).sum(), (k, q, P0), allow_unused=True)
+    got = exact_precond_backward(k.detach(), (k if atk else q).detach(), P0.detach(), dx, dP, placement=placement, C=16)
+    for name, w in (("dk", want[0]), ("dP0", want[2])) + ((() if atk else (("da", want[1]),))):
+        err = ((got[name] - w).norm() / w.norm()).item()
+        assert err < 1e-12, f"{placement} {name}: {err:.2e}"
