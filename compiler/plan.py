@@ -45,8 +45,8 @@ import sympy as sp
 
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
-STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_query", "interaction",
-               "triangular_solve", "wy", "decay_keys", "state_pass", "output")
+STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_query",
+               "interaction", "triangular_solve", "wy", "decay_keys", "state_pass", "output")
 
 
 class PlanTypeError(Exception):
@@ -1091,7 +1091,8 @@ def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
 
 TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
     "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
-    "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_query": _tc_curvature, "interaction": _tc_interaction,
+    "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_query": _tc_curvature,
+    "interaction": _tc_interaction,
     "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "decay_keys": _tc_decay_keys, "state_pass": _tc_state_pass,
     "output": _tc_output,
 }

@@ -27,10 +27,10 @@ SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 # One spec per kernel structure gets the full set of cases; the others (same kernels, other
 # expressions / routes / gates) get the main GVA + ragged + initial-state case.
-FULL = ["la", "simple_gla", "gdn", "gla", "kda", "pgdn", "ccq_gdn", "rwkv7_dplr"]
+FULL = ["la", "simple_gla", "gdn", "gla", "kda", "pgdn", "ccq_gdn", "rwkv7_dplr", "exact_atk", "exact_atq"]
 ALSO = ["retnet", "mamba2", "deltanet", "gdn_fused_gate", "clvr_gdn", "cler_h_gdn", "gdn2", "clvr_kda",
         "cler_h_kda", "pdn", "pkda", "ccq_gla", "ccq_gla_uncentered", "ccq_gdn_uncentered"]
-UNSUPPORTED = ["exact_atk", "exact_atq"]  # exact precond
+UNSUPPORTED: list[str] = []  # every spec of the library has a chunk form
 
 # AOT (Hopper, sm_90) compile: a subset by default (compiling is ~10-40 s per kernel set); every
 # supported spec with DGPS_AOT_ALL=1.
@@ -65,6 +65,10 @@ def _initial_states(rec: dgps.Recurrence, N: int, H: int, HV: int, dk: int, dv: 
         st["C"] = torch.einsum("nhti,nhtj->nhij", k0, k0)
         st["m"] = k0.sum(2)
         st["n"] = torch.full((N,), 5.0)
+    if ir.precond.kind == "exact":  # a reachable P_0: the inverse Gram of five keys
+        k0 = torch.randn(N, H, 5, dk, generator=gen, dtype=torch.float64)
+        eye = torch.eye(dk, dtype=torch.float64)
+        st["P"] = torch.linalg.inv(ir.precond.lam * eye + k0.transpose(-1, -2) @ k0).float()
     return st
 
 

@@ -531,6 +531,6 @@ def test_exact_precond_backward_equals_autograd(placement: str, T: int) -> None:
     x, PT = _sherman_morrison(k, q, P0, atk)
     want = torch.autograd.grad((x * dx).sum() + (PT * dP).sum(), (k, q, P0), allow_unused=True)
     got = exact_precond_backward(k.detach(), (k if atk else q).detach(), P0.detach(), dx, dP, placement=placement, C=16)
-    for name, w in (("dk", want[0]), ("dP0", want[2])) + ((() if atk else (("da", want[1]),))):
+    for name, w in (("dk", want[0]), ("dP0", want[2])) + (() if atk else (("da", want[1]),)):
         err = ((got[name] - w).norm() / w.norm()).item()
         assert err < 1e-12, f"{placement} {name}: {err:.2e}"

@@ -1,6 +1,6 @@
 """Recurrence `exact_atk`, compiled by dgps 0.1.0 from spec.dgps. Generated: do not edit.
 
-    dgps.generated.exact_atk.forward(...)    the forward pass (recurrent kernels), FLA layout [B, T, heads, channel]
+    dgps.generated.exact_atk.forward(...)    the forward pass (chunked kernels), FLA layout [B, T, heads, channel]
     dgps.generated.exact_atk.decode(...)     single/few-step recurrent kernel that updates the states in place
     dgps.generated.exact_atk.reference(...)  the float64-capable sequential reference derived from the same spec
 """
@@ -20,6 +20,7 @@ from dgps.runtime.reference import reference as _reference
 from dgps.runtime.tensors import check_cu_seqlens, check_inputs
 
 from . import backward, recurrent
+from . import chunk
 
 _HERE = Path(__file__).resolve().parent
 SPEC_TEXT = (_HERE / "spec.dgps").read_text()
@@ -45,9 +46,10 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torc
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
                  scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
     """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
-    # No chunk form emitted: exact (Gram-inverse) preconditioner: chunkwise Cholesky form not generated
-    return recurrent.recurrent_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
-                                       scale=scale), []
+    if keep:
+        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale)
+    return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+                               scale=scale), []
 
 
 def _forward_impl(
@@ -75,10 +77,9 @@ def _backward_impl(
     scale: float,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(gradients of the inputs and params, gradients of the initial states the backward reaches)."""
-    # No chunked backward emitted: exact (Gram-inverse) preconditioner: chunkwise Cholesky form not generated
-    return backward.recurrent_backward(
+    return chunk.chunk_backward(
         {"q": q, "k": k, "v": v}, initial_state={"S": state_S, "P": state_P}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
 
     )
 
@@ -110,6 +111,9 @@ def _(
     outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S, state_P)]
     if ROUTE != "none":
         outs.append(q.new_empty(v.shape))
+    if keep:
+        B, T, H, DK = q.shape
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device)
     return outs
 
 
@@ -204,7 +208,7 @@ def forward(
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
-    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
+    Differentiable with respect to every input, param and initial state (chunked backward kernels).
     """
     x, dims = check_inputs(IR, _inputs(q, k, v))
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -218,7 +222,7 @@ def forward(
     tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
     # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    keep = False and needs_grad
+    keep = True and needs_grad
     try:
         if torch.compiler.is_compiling():
             outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)

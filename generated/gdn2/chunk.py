@@ -157,15 +157,17 @@ def chunk_cumsum_kernel(
     b_g = tl.cumsum(b_g, axis=0)
     tl.store(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_g, mask=m_r[:, None] & m_k[None, :])
 
-# ---- stages interaction + triangular_solve ---------------------------------------------------------------
-# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
-#   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
-#   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
-#   S_IJ = [Q ⋆ A]_IJ (vector decay): J < I uses the reference r_I = b at the token before block I, so both
-#   factors e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; diagonal blocks by hierarchical references (docs/chunk_forms.md
-#   §3 applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
-#   take r = b at the block's middle, one masked 16×16 product per level (tf32 operands for 16-bit inputs: the
-#   fp32 FMA products made this kernel 7.6 k SASS instructions per key step, 4.5 k now), plus the t = j terms of S.
+# ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
+# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I), one row block at a time:
+#   S_IJ = [Q ⋆ A]_IJ and L'_IJ = [E ⋆⁻ A]_IJ (E = erase key, A = write key), over the key
+#   channels in BK-wide blocks. J < I uses the reference r_I = b at the token before block I, so both factors
+#   e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; the diagonal block by hierarchical references (docs/chunk_forms.md §3
+#   applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
+#   take r = b at the block's middle, one masked 16×16 product per level, plus the t = j terms of S.
+#   Then row I of Ai = (I + Diag(β)L')⁻¹: forward substitution inside the diagonal block and the block merges
+#   with the rows above, which are all that stays live from one row block to the next.
+# Why row by row: with all 4 row blocks in one key loop, every row block's [16, BK] operand tiles and all
+# 20 accumulators were live at once (kda, dk = 128, sm_90: 255 registers + 400 B spill at BK 32).
 @triton.jit
 def chunk_interaction_kernel(
     p_q, p_k, p_b, g_buf, t_buf, l_buf, s_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
@@ -184,45 +186,22 @@ def chunk_interaction_kernel(
     m_k = o_k < DK
     o_c = tl.arange(0, BC)
     m_lo = o_c[:, None] > o_c[None, :]
-    m_le = o_c[:, None] >= o_c[None, :]
     eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
+    rb1 = t0 + 16 + o_c
+    mb1 = rb1 < eos
+    rb2 = t0 + 32 + o_c
+    mb2 = rb2 < eos
+    rb3 = t0 + 48 + o_c
+    mb3 = rb3 < eos
+    # ==== row block 0
     beta0 = tl.where(mb0, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
     L0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    rb1 = t0 + 16 + o_c
-    mb1 = rb1 < eos
-    beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
-    L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    rb2 = t0 + 32 + o_c
-    mb2 = rb2 < eos
-    beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
-    L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    L2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    rb3 = t0 + 48 + o_c
-    mb3 = rb3 < eos
-    beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
-    L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    L3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    L3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    # the key channels in BK-wide blocks: every block adds its share of each 16×16 product
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        # -- row block 0
         _b_e0_b = tl.load(p_b + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e0_k * _b_e0_b), 0.)
@@ -277,7 +256,38 @@ def chunk_interaction_kernel(
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         L0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 1
+    # the decayed output scores Q ⋆ A of row block 0 (zero above the diagonal)
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    # L' (the residual route and the per-channel decay's backward read it)
+    if KEEP:
+        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
+        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    # -- triangular_solve, row block 0: (I + Diag(β)L'_II)⁻¹ by forward substitution
+    nb = -beta0[:, None] * L0_0
+    ai0_0 = eye
+    for i in range(1, BC):
+        sel = (o_c == i)[:, None]
+        row = tl.sum(tl.where(sel, nb, 0.), 0)
+        ai0_0 = tl.where(sel, ai0_0 + tl.sum(row[:, None] * ai0_0, 0)[None, :], ai0_0)
+    # row block 0 of Ai, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
+    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai0_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb0[:, None])
+    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
+    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
+    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
+    # ==== row block 1
+    beta1 = tl.where(mb1, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
+    L1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_e1_b = tl.load(p_b + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e1_k * _b_e1_b), 0.)
@@ -290,11 +300,14 @@ def chunk_interaction_kernel(
         dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
         ef1 = b_e1 * dq1
         qf1 = b_q1 * dq1
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af1_0 = b_a0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
-        L1_0 += _mm_tf32(ef1, tl.trans(af1_0), DT_ID)
-        S1_0 += _mm_tf32(qf1, tl.trans(af1_0), DT_ID)
+        # block 0 < 1: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg1[None, :] - bw0, 0.))
+        L1_0 += _mm_tf32(ef1, tl.trans(af), DT_ID)
+        S1_0 += _mm_tf32(qf1, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_a1, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -341,7 +354,43 @@ def chunk_interaction_kernel(
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         L1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 2
+    # the decayed output scores Q ⋆ A of row block 1 (zero above the diagonal)
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    # L' (the residual route and the per-channel decay's backward read it)
+    if KEEP:
+        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L1_0, mask=mb1[:, None])
+        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L1_1, mask=mb1[:, None])
+        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    # -- triangular_solve, row block 1: (I + Diag(β)L'_II)⁻¹ by forward substitution
+    nb = -beta1[:, None] * L1_1
+    ai1_1 = eye
+    for i in range(1, BC):
+        sel = (o_c == i)[:, None]
+        row = tl.sum(tl.where(sel, nb, 0.), 0)
+        ai1_1 = tl.where(sel, ai1_1 + tl.sum(row[:, None] * ai1_1, 0)[None, :], ai1_1)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
+    acc = _mm_tf32(beta1[:, None] * L1_0, ai0_0, DT_ID)
+    ai1_0 = -_mm_tf32(ai1_1, acc, DT_ID)
+    # row block 1 of Ai, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
+    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai1_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb1[:, None])
+    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai1_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb1[:, None])
+    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb1[:, None])
+    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb1[:, None])
+    # ==== row block 2
+    beta2 = tl.where(mb2, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
+    L2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    L2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_e2_b = tl.load(p_b + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e2_k * _b_e2_b), 0.)
@@ -354,16 +403,22 @@ def chunk_interaction_kernel(
         dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
         ef2 = b_e2 * dq2
         qf2 = b_q2 * dq2
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af2_0 = b_a0 * tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
-        L2_0 += _mm_tf32(ef2, tl.trans(af2_0), DT_ID)
-        S2_0 += _mm_tf32(qf2, tl.trans(af2_0), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af2_1 = b_a1 * tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
-        L2_1 += _mm_tf32(ef2, tl.trans(af2_1), DT_ID)
-        S2_1 += _mm_tf32(qf2, tl.trans(af2_1), DT_ID)
+        # block 0 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg2[None, :] - bw0, 0.))
+        L2_0 += _mm_tf32(ef2, tl.trans(af), DT_ID)
+        S2_0 += _mm_tf32(qf2, tl.trans(af), DT_ID)
+        # block 1 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg2[None, :] - bw1, 0.))
+        L2_1 += _mm_tf32(ef2, tl.trans(af), DT_ID)
+        S2_1 += _mm_tf32(qf2, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_a2, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -410,7 +465,48 @@ def chunk_interaction_kernel(
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         L2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 3
+    # the decayed output scores Q ⋆ A of row block 2 (zero above the diagonal)
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # L' (the residual route and the per-channel decay's backward read it)
+    if KEEP:
+        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L2_0, mask=mb2[:, None])
+        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L2_1, mask=mb2[:, None])
+        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], L2_2, mask=mb2[:, None])
+        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # -- triangular_solve, row block 2: (I + Diag(β)L'_II)⁻¹ by forward substitution
+    nb = -beta2[:, None] * L2_2
+    ai2_2 = eye
+    for i in range(1, BC):
+        sel = (o_c == i)[:, None]
+        row = tl.sum(tl.where(sel, nb, 0.), 0)
+        ai2_2 = tl.where(sel, ai2_2 + tl.sum(row[:, None] * ai2_2, 0)[None, :], ai2_2)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
+    acc = _mm_tf32(beta2[:, None] * L2_1, ai1_1, DT_ID)
+    ai2_1 = -_mm_tf32(ai2_2, acc, DT_ID)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
+    acc = _mm_tf32(beta2[:, None] * L2_0, ai0_0, DT_ID) + _mm_tf32(beta2[:, None] * L2_1, ai1_0, DT_ID)
+    ai2_0 = -_mm_tf32(ai2_2, acc, DT_ID)
+    # row block 2 of Ai, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
+    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai2_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
+    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai2_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
+    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai2_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
+    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb2[:, None])
+    # ==== row block 3
+    beta3 = tl.where(mb3, tl.zeros([BC], dtype=tl.float32) + 1.0, 0.)
+    L3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    L3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_e3_b = tl.load(p_b + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         _b_e3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e3_k * _b_e3_b), 0.)
@@ -423,21 +519,30 @@ def chunk_interaction_kernel(
         dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
         ef3 = b_e3 * dq3
         qf3 = b_q3 * dq3
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_0 = b_a0 * tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
-        L3_0 += _mm_tf32(ef3, tl.trans(af3_0), DT_ID)
-        S3_0 += _mm_tf32(qf3, tl.trans(af3_0), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_1 = b_a1 * tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
-        L3_1 += _mm_tf32(ef3, tl.trans(af3_1), DT_ID)
-        S3_1 += _mm_tf32(qf3, tl.trans(af3_1), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_2 = b_a2 * tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
-        L3_2 += _mm_tf32(ef3, tl.trans(af3_2), DT_ID)
-        S3_2 += _mm_tf32(qf3, tl.trans(af3_2), DT_ID)
+        # block 0 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg3[None, :] - bw0, 0.))
+        L3_0 += _mm_tf32(ef3, tl.trans(af), DT_ID)
+        S3_0 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 1 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg3[None, :] - bw1, 0.))
+        L3_1 += _mm_tf32(ef3, tl.trans(af), DT_ID)
+        S3_1 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 2 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
+        bw2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        af = b_w2 * tl.exp2(tl.minimum(rg3[None, :] - bw2, 0.))
+        L3_2 += _mm_tf32(ef3, tl.trans(af), DT_ID)
+        S3_2 += _mm_tf32(qf3, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_a3, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -484,98 +589,38 @@ def chunk_interaction_kernel(
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         L3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_e3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
         S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # store the decayed output scores Q ⋆ A (zero above the diagonal)
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # the decayed output scores Q ⋆ A of row block 3 (zero above the diagonal)
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
-    # store L' (the residual route and the per-channel decay's backward read it)
+    # L' (the residual route and the per-channel decay's backward read it)
     if KEEP:
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L1_0, mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L1_1, mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L2_0, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L2_1, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], L2_2, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
         tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L3_0, mask=mb3[:, None])
         tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L3_1, mask=mb3[:, None])
         tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], L3_2, mask=mb3[:, None])
         tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], L3_3, mask=mb3[:, None])
-    # -- triangular_solve: diagonal blocks (I + Diag(β)L'_II)⁻¹ by forward substitution (4 independent chains)
-    nb0 = -beta0[:, None] * L0_0
-    ai0_0 = eye
-    nb1 = -beta1[:, None] * L1_1
-    ai1_1 = eye
-    nb2 = -beta2[:, None] * L2_2
-    ai2_2 = eye
-    nb3 = -beta3[:, None] * L3_3
+    # -- triangular_solve, row block 3: (I + Diag(β)L'_II)⁻¹ by forward substitution
+    nb = -beta3[:, None] * L3_3
     ai3_3 = eye
-    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
+    for i in range(1, BC):
         sel = (o_c == i)[:, None]
-        row = tl.sum(tl.where(sel, nb0, 0.), 0)
-        ai0_0 = tl.where(sel, ai0_0 + tl.sum(row[:, None] * ai0_0, 0)[None, :], ai0_0)
-    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
-        sel = (o_c == i)[:, None]
-        row = tl.sum(tl.where(sel, nb1, 0.), 0)
-        ai1_1 = tl.where(sel, ai1_1 + tl.sum(row[:, None] * ai1_1, 0)[None, :], ai1_1)
-    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
-        sel = (o_c == i)[:, None]
-        row = tl.sum(tl.where(sel, nb2, 0.), 0)
-        ai2_2 = tl.where(sel, ai2_2 + tl.sum(row[:, None] * ai2_2, 0)[None, :], ai2_2)
-    for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
-        sel = (o_c == i)[:, None]
-        row = tl.sum(tl.where(sel, nb3, 0.), 0)
+        row = tl.sum(tl.where(sel, nb, 0.), 0)
         ai3_3 = tl.where(sel, ai3_3 + tl.sum(row[:, None] * ai3_3, 0)[None, :], ai3_3)
-    # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ, on tensor cores with tf32 operands for 16-bit
-    #    inputs (as FLA's merge does); the fp32 FMA products were about a third of the kernel's instructions
-    acc = _mm_tf32(beta1[:, None] * L1_0, ai0_0, DT_ID)
-    ai1_0 = -_mm_tf32(ai1_1, acc, DT_ID)
-    acc = _mm_tf32(beta2[:, None] * L2_1, ai1_1, DT_ID)
-    ai2_1 = -_mm_tf32(ai2_2, acc, DT_ID)
-    acc = _mm_tf32(beta2[:, None] * L2_0, ai0_0, DT_ID) + _mm_tf32(beta2[:, None] * L2_1, ai1_0, DT_ID)
-    ai2_0 = -_mm_tf32(ai2_2, acc, DT_ID)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
     acc = _mm_tf32(beta3[:, None] * L3_2, ai2_2, DT_ID)
     ai3_2 = -_mm_tf32(ai3_3, acc, DT_ID)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
     acc = _mm_tf32(beta3[:, None] * L3_1, ai1_1, DT_ID) + _mm_tf32(beta3[:, None] * L3_2, ai2_1, DT_ID)
     ai3_1 = -_mm_tf32(ai3_3, acc, DT_ID)
+    # block merge Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ on tensor cores, tf32 operands (as FLA's merge)
     acc = _mm_tf32(beta3[:, None] * L3_0, ai0_0, DT_ID) + _mm_tf32(beta3[:, None] * L3_1, ai1_0, DT_ID) + _mm_tf32(beta3[:, None] * L3_2, ai2_0, DT_ID)
     ai3_0 = -_mm_tf32(ai3_3, acc, DT_ID)
-    # Ai = (I + Diag(β)L')⁻¹, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
-    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai0_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai1_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai1_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(t_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai2_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai2_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai2_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(t_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb2[:, None])
+    # row block 3 of Ai, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai3_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai3_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai3_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _round(ai3_3, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
-
 # ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
 @triton.jit
 def chunk_wy_kernel(
@@ -1368,7 +1413,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
-            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf") + \
+            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
+            "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).

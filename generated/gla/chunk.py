@@ -153,13 +153,15 @@ def chunk_cumsum_kernel(
     b_g = tl.cumsum(b_g, axis=0)
     tl.store(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_g, mask=m_r[:, None] & m_k[None, :])
 
-# ---- stages interaction + triangular_solve ---------------------------------------------------------------
-# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
-#   S_IJ = [Q ⋆ A]_IJ (vector decay): J < I uses the reference r_I = b at the token before block I, so both
-#   factors e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; diagonal blocks by hierarchical references (docs/chunk_forms.md
-#   §3 applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
-#   take r = b at the block's middle, one masked 16×16 product per level (tf32 operands for 16-bit inputs: the
-#   fp32 FMA products made this kernel 7.6 k SASS instructions per key step, 4.5 k now), plus the t = j terms of S.
+# ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
+# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I), one row block at a time:
+#   S_IJ = [Q ⋆ A]_IJ, over the key
+#   channels in BK-wide blocks. J < I uses the reference r_I = b at the token before block I, so both factors
+#   e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; the diagonal block by hierarchical references (docs/chunk_forms.md §3
+#   applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
+#   take r = b at the block's middle, one masked 16×16 product per level, plus the t = j terms of S.
+# Why row by row: with all 4 row blocks in one key loop, every row block's [16, BK] operand tiles and all
+# 20 accumulators were live at once (kda, dk = 128, sm_90: 255 registers + 400 B spill at BK 32).
 @triton.jit
 def chunk_interaction_kernel(
     p_q, p_k, g_buf, s_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
@@ -177,31 +179,20 @@ def chunk_interaction_kernel(
     m_k = o_k < DK
     o_c = tl.arange(0, BC)
     m_lo = o_c[:, None] > o_c[None, :]
-    m_le = o_c[:, None] >= o_c[None, :]
     eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
     rb0 = t0 + 0 + o_c
     mb0 = rb0 < eos
-    S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     rb1 = t0 + 16 + o_c
     mb1 = rb1 < eos
-    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
     rb2 = t0 + 32 + o_c
     mb2 = rb2 < eos
-    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
-    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    # the key channels in BK-wide blocks: every block adds its share of each 16×16 product
+    # ==== row block 0
+    S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        # -- row block 0
         _b_a0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_k, 0.)
         bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
@@ -249,7 +240,17 @@ def chunk_interaction_kernel(
         a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 1
+    # the decayed output scores Q ⋆ A of row block 0 (zero above the diagonal)
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    # ==== row block 1
+    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_a1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_k, 0.)
         bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
@@ -258,10 +259,13 @@ def chunk_interaction_kernel(
         rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
         dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
         qf1 = b_q1 * dq1
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af1_0 = b_a0 * tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
-        S1_0 += _mm_tf32(qf1, tl.trans(af1_0), DT_ID)
+        # block 0 < 1: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg1[None, :] - bw0, 0.))
+        S1_0 += _mm_tf32(qf1, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_a1, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -304,7 +308,18 @@ def chunk_interaction_kernel(
         a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 2
+    # the decayed output scores Q ⋆ A of row block 1 (zero above the diagonal)
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    # ==== row block 2
+    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_a2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_k, 0.)
         bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
@@ -313,14 +328,20 @@ def chunk_interaction_kernel(
         rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
         dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
         qf2 = b_q2 * dq2
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af2_0 = b_a0 * tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
-        S2_0 += _mm_tf32(qf2, tl.trans(af2_0), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af2_1 = b_a1 * tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
-        S2_1 += _mm_tf32(qf2, tl.trans(af2_1), DT_ID)
+        # block 0 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg2[None, :] - bw0, 0.))
+        S2_0 += _mm_tf32(qf2, tl.trans(af), DT_ID)
+        # block 1 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg2[None, :] - bw1, 0.))
+        S2_1 += _mm_tf32(qf2, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_a2, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -363,7 +384,19 @@ def chunk_interaction_kernel(
         a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # -- row block 3
+    # the decayed output scores Q ⋆ A of row block 2 (zero above the diagonal)
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # ==== row block 3
+    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
         _b_a3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_k, 0.)
         bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
@@ -372,18 +405,27 @@ def chunk_interaction_kernel(
         rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
         dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
         qf3 = b_q3 * dq3
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_0 = b_a0 * tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
-        S3_0 += _mm_tf32(qf3, tl.trans(af3_0), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_1 = b_a1 * tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
-        S3_1 += _mm_tf32(qf3, tl.trans(af3_1), DT_ID)
-        # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-        # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3; FLA's is below dgps's bf16 form)
-        af3_2 = b_a2 * tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
-        S3_2 += _mm_tf32(qf3, tl.trans(af3_2), DT_ID)
+        # block 0 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg3[None, :] - bw0, 0.))
+        S3_0 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 1 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg3[None, :] - bw1, 0.))
+        S3_1 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 2 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
+        bw2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        af = b_w2 * tl.exp2(tl.minimum(rg3[None, :] - bw2, 0.))
+        S3_2 += _mm_tf32(qf3, tl.trans(af), DT_ID)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_a3, 1)[:, None], 0.)
         o_ref = (o_c // 16) * 16 + 7
@@ -426,24 +468,11 @@ def chunk_interaction_kernel(
         a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
         m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
         S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # store the decayed output scores Q ⋆ A (zero above the diagonal)
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # the decayed output scores Q ⋆ A of row block 3 (zero above the diagonal)
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
     tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
-
 # ---- stage decay_keys (per-channel decay): the decayed key and query operands of the state passes, per chunk -------
 #   Kg = A ⊙ e^{b_c − B} (to the chunk's end) and Qg = Q̂ ⊙ e^B, stored in the input dtype: the passes over chunks
 #   load them instead of the fp32 gates and two exponentials per tile, off their sequential path. The matmuls there
@@ -1094,7 +1123,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
-            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf") + \
+            "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
+            "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
