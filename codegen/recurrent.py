@@ -2,7 +2,7 @@
 
 One kernel per spec, rendered from templates/recurrent.jinja. It is the decode kernel (a few tokens,
 the states updated in place) for every spec, and the forward pass for specs whose chunk form is not
-emitted (the exact preconditioner, untied DPLR).
+emitted (untied DPLR without a per-channel decay); for the exact preconditioner it is also the named fallback.
 
 One program per (sequence n, value head hv, BV-block of dv). It holds the state tile h = Sᵀ
 [BK = next_pow2(dk), BV] in fp32 registers, plus whatever statistics the spec carries: the diagonal

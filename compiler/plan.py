@@ -883,9 +883,11 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 
 
 def _bwd_inputs(p: Plan) -> Stage | None:
+    # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
+    inner = {"dk_x", "u_x", "dGc", "dPa"}
     adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p), _bwd_precond_exact(p),
                              _bwd_precond_gram(p)) if st is not None
-           for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_")]
+           for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
                  if o.name not in states and o.name not in p.elementwise_grads)

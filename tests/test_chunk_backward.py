@@ -132,7 +132,8 @@ def test_gradients_through_channel_reductions(layout: dict) -> None:
     check_gradients("reductions_everything", **layout)
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "longhorn", "rwkv7_dplr"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "longhorn", "rwkv7_dplr",
+                                  "exact_atk", "exact_atq"])
 def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
 
@@ -201,6 +202,28 @@ def test_untied_dplr_backward_hypothesis(name: str, T: int, G: int, dk: int, cut
     a row block, grouped heads, padded key channels, strong gates and channels at −100."""
     check_gradients(name, T=T, H=1, HV=G, dk=dk, dv=8, varlen=bool(cuts), cuts=tuple(cuts), seed=seed,
                     gate_shift=-40.0 if strong else 0.0, forget_channels=forget)
+
+
+# the exact preconditioner: ATK, ATQ, and ATK inside a gated delta rule (tests/exact_gated.dgps: L2-normalised keys,
+# a scalar decay and a gain around k̃, λ = 0.5)
+EXACT = ["exact_atk", "exact_atq", "exact_gated"]
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_exact_precond_long_sequences(name: str) -> None:
+    """T = 330 (six chunks, the last ragged) and packed sequences cut inside chunks, grouped value heads: the Gram
+    carry stays definite (every gradient finite, at the fp32 tolerance), P_0's gradient included."""
+    check_gradients(name, T=330, H=1, HV=2, dk=32, dv=16, varlen=True, cuts=(45, 200))
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(EXACT), T=st.integers(1, 200), G=st.sampled_from([1, 2]), dk=st.sampled_from([8, 16, 24]),
+       cuts=st.lists(st.integers(1, 199), min_size=0, max_size=3), seed=st.integers(0, 2**16))
+def test_exact_precond_backward_hypothesis(name: str, T: int, G: int, dk: int, cuts: list[int], seed: int) -> None:
+    """The exact preconditioner's chunked backward (bwd_precond_exact's z = P_t dx_t and in-chunk key terms,
+    bwd_precond_gram's reverse Gram-adjoint carry and P_0 adjoint): sequence ends and varlen boundaries anywhere in a
+    chunk, grouped heads, padded key channels."""
+    check_gradients(name, T=T, H=1, HV=G, dk=dk, dv=8, varlen=bool(cuts), cuts=tuple(cuts), seed=seed)
 
 
 def test_every_chunk_spec_has_a_chunked_backward() -> None:
