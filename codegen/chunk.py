@@ -182,10 +182,9 @@ class Launch:
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
-# Grid kinds: chunk (NT, HV); chunk_pairs (NT, HV, 16×16 block pairs J ≤ I); chunk_keys (NT, HV, key-channel
-# blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks); rows (token blocks, heads); seq_hp / seq_hv
-# (one program per sequence and statistic / value head, sequential over chunks); state (dv blocks, sequences ×
-# heads); output (dv blocks, NT, HV).
+# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
+# rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
+# statistic / value head, sequential over chunks); state (dv blocks, sequences × heads); output (dv blocks, NT, HV).
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
@@ -195,8 +194,6 @@ FORWARD_RULES = {
     "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "seq_hv",
                               "chunk_curvature_query.jinja"),
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction.jinja"),
-    "triangular_solve": Launch("triangular_solve", "chunk_triangular_solve_kernel", "chunk",
-                               "chunk_triangular_solve.jinja"),
     "wy": Launch("wy", "chunk_wy_kernel", "chunk", "chunk_wy.jinja"),
     "decay_keys": Launch("decay_keys", "chunk_decay_keys_kernel", "chunk", "chunk_decay_keys.jinja"),
     "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state", "chunk_state_pass.jinja"),
@@ -244,10 +241,10 @@ UNTIED_BACKWARD_RULES = {
 }
 
 
-# Per-channel decay's tied and additive families form their scores with one program per 16×16 block pair
-# (I, J ≤ I) of a chunk and head; the tied family's solve then runs in its own launch (the plan says so).
+# Per-channel decay's tied and additive families form their scores one row block at a time, the solve's row
+# folded in (the all-blocks-at-once form of chunk_interaction.jinja spills at dk = 128 with per-channel factors).
 VECTOR_RULES = {
-    "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk_pairs", "chunk_interaction_vector.jinja"),
+    "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction_vector.jinja"),
 }
 
 
@@ -538,7 +535,6 @@ def _context(ir: IR) -> dict:
     ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
-    ctx.update(solve_launch=any(la.name == "triangular_solve" for la in ctx["forward_launches"]))
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")

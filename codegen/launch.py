@@ -29,13 +29,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
     wide = BK >= 128
     if name == "l2norm":
         return BK, bv_full, 4, 1
-    if name == "triangular_solve":  # its own launch (per-channel decay): 16×16 blocks, as the fused scalar solve
-        return bk_block, bv_full, 1, 1
     if name == "interaction":
         if decay == "vector":
-            # one program per 16×16 block pair: [16, BK] operand tiles and two 16×16 accumulators. Compile report
-            # (kda, dk = 128, sm_90): BK 32 / 2 warps 150 registers, BK 32 / 1 warp 197, BK 64 / 1 warp 255 + 88 B
-            # spill, BK 64 / 4 warps 190; none spills but the last
+            # the diagonal blocks by hierarchical references: every row block's [16, BK] tiles are live at once,
+            # so 32 key channels per step (compile report, kda dk = 128, sm_90: BK 32 / 8 warps 255 registers +
+            # 96 B spill; BK 128 1448 B, BK 64 1072 B). H200, kda (benchmarks/tune.py, run 13): BK 32 with 2 warps
+            # 2.09 ms, 4 warps 2.16, 8 warps 3.95 (16×16 tiles leave most of 8 warps idle)
             return min(32, BK), bv_full, 2, 1
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp

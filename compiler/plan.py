@@ -452,8 +452,6 @@ def rule_interaction(b: _Builder) -> None:
     scores = b.s.decay == "vector" and b.family != "untied"
     attrs = dict(decay=b.s.decay, subchunk=_subchunk(b), sub_chunk=b.sub_chunk,
                  row_decay="exclusive" if b.op("bx") else "inclusive", family=b.family)
-    if scores:  # one program per 16×16 block pair (I, J ≤ I) of a chunk and head
-        attrs["programs"] = "block pairs"
     if b.family == "additive":
         if scores:
             b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
@@ -481,13 +479,10 @@ def rule_triangular_solve(b: _Builder) -> None:
     if b.family == "additive":
         return
     if b.family == "tied":
-        # scalar and no decay: fused, the 16×16 blocks of L' never leave registers. Per-channel decay forms each
-        # block pair of L' in its own program (the per-channel factors made one program per chunk latency-bound
-        # at 8 warps per SM, H200 run 32), so the solve reads L' back in its own launch.
-        where = {} if b.s.decay == "vector" else {"fused": "interaction"}
         b.add("triangular_solve", "triangular_solve", {"L": b.op("L"), "beta": b.op("beta")},
               [b.new("Tm", MATRIX, "fp32")], family="tied",
-              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1", **where)
+              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1",
+              fused="interaction")  # the 16×16 blocks of L' never leave registers
     else:
         b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "fp32")],
               family="untied", form="(I - Aef)^-1",

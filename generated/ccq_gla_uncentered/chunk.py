@@ -232,16 +232,15 @@ def chunk_curvature_query_kernel(
             tl.store(c_out + p_c, b_C, mask=m_kk)
             tl.store(m_out + (i_n * H + i_h) * DK + o_k, b_m, mask=m_k)
 
-# ---- stage interaction, per-channel decay: one program per 16×16 block pair ----------------------------------------
-# Per chunk and head, 10 programs, one per sub-block pair (I: rows, J ≤ I: columns) of 16 rows:
+# ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
+# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I), one row block at a time:
 #   S_IJ = [Q ⋆ A]_IJ, over the key
-#   channels in BK-wide blocks, both stored (S in the input
-#   dtype). J < I uses the reference r_I = b at the token before block I, so both factors e^{B_I − r_I} and
-#   e^{r_I − B_J} are ≤ 1; the diagonal block by hierarchical references (docs/chunk_forms.md §3 applied
-#   recursively): at level s the pairs (t in the second half, j in the first half of an s-token block) take r = b at
-#   the block's middle, one masked 16×16 product per level, plus the t = j terms of S.
-# Why one program per pair: with one program per chunk (all blocks and the solve), the per-channel factors held
-# 255 registers per thread, so 8 warps per SM, and the kernel was latency-bound (kda, H200 run 32: 0.665 ms).
+#   channels in BK-wide blocks. J < I uses the reference r_I = b at the token before block I, so both factors
+#   e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; the diagonal block by hierarchical references (docs/chunk_forms.md §3
+#   applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
+#   take r = b at the block's middle, one masked 16×16 product per level, plus the t = j terms of S.
+# Why row by row: with all 4 row blocks in one key loop, every row block's [16, BK] operand tiles and all
+# 20 accumulators were live at once (kda, dk = 128, sm_90: 255 registers + 400 B spill at BK 32).
 @triton.jit
 def chunk_interaction_kernel(
     g_buf, qh_buf, s_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
@@ -257,91 +256,302 @@ def chunk_interaction_kernel(
     t0 = bos + i_tc * BT
     o_k = tl.arange(0, BK)
     m_k = o_k < DK
-    i_p = tl.program_id(2)
-    # pair index p = I (I + 1) / 2 + J
-    i_i = (i_p >= 1).to(tl.int32) + (i_p >= 3).to(tl.int32) + (i_p >= 6).to(tl.int32)
-    i_j = i_p - i_i * (i_i + 1) // 2
     o_c = tl.arange(0, BC)
-    rb = t0 + i_i * BC + o_c
-    mb = rb < eos
-    cb = t0 + i_j * BC + o_c
-    mcb = cb < eos
-    b_S = tl.zeros([BC, BC], dtype=tl.float32)
-    if i_j < i_i:
-        # r_I: b at the token before block I (inside the chunk; past the sequence's end the rows are masked)
-        t_ref = t0 + i_i * BC - 1
-        for i_k in range(0, tl.cdiv(DK, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < DK
-            b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
-            b_r = tl.load(g_buf + (t_ref * HV + i_hv) * DK + o_k, mask=tl.where(t_ref < eos, m_k, False), other=0.)
-            b_dq = tl.exp2(tl.minimum(b_g - b_r[None, :], 0.))
-            _b_q_q = tl.load(qh_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
-            b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_w_k = tl.load(pn_k + (cb[:, None] * H + i_h) * DK + o_k[None, :], mask=mcb[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_w = tl.where(mcb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w_k, 0.)
-            b_gw = tl.load(g_buf + (cb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mcb[:, None] & m_k[None, :], other=0.)
-            # the decayed operands are new fp32 values: tf32 keeps 3 more bits of them than bf16 would (kda, T = 256,
-            # bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-            b_af = b_w * tl.exp2(tl.minimum(b_r[None, :] - b_gw, 0.))
-            b_S += _mm_tf32(b_q * b_dq, tl.trans(b_af), DT_ID)
-    else:
-        # the diagonal block: the t = j terms of S, then one level of token pairs per halving of the block
-        for i_k in range(0, tl.cdiv(DK, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < DK
-            b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
-            _b_q_q = tl.load(qh_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
-            b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-            _b_a_k = tl.load(pn_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_S += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q * b_a, 1)[:, None], 0.)
-            o_ref = (o_c // 16) * 16 + 7
-            m_hi = (o_c % 16) >= 8
-            b_ref = tl.load(g_buf + ((t0 + i_i * BC + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                            mask=((t0 + i_i * BC + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-            # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-            # one exponential per level
-            d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-            a_dn = tl.where((~m_hi)[:, None], b_a * d_ref, 0.)
-            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-            b_S += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-            o_ref = (o_c // 8) * 8 + 3
-            m_hi = (o_c % 8) >= 4
-            b_ref = tl.load(g_buf + ((t0 + i_i * BC + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                            mask=((t0 + i_i * BC + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-            # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-            # one exponential per level
-            d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-            a_dn = tl.where((~m_hi)[:, None], b_a * d_ref, 0.)
-            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-            b_S += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-            o_ref = (o_c // 4) * 4 + 1
-            m_hi = (o_c % 4) >= 2
-            b_ref = tl.load(g_buf + ((t0 + i_i * BC + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                            mask=((t0 + i_i * BC + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-            # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-            # one exponential per level
-            d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-            a_dn = tl.where((~m_hi)[:, None], b_a * d_ref, 0.)
-            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-            b_S += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-            o_ref = (o_c // 2) * 2 + 0
-            m_hi = (o_c % 2) >= 1
-            b_ref = tl.load(g_buf + ((t0 + i_i * BC + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                            mask=((t0 + i_i * BC + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-            # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-            # one exponential per level
-            d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-            a_dn = tl.where((~m_hi)[:, None], b_a * d_ref, 0.)
-            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-            b_S += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        # and the blocks J > I of row block I: zero (the solve and the output read whole [BT, BT] rows)
-        o_t = tl.arange(0, BT)
-        m_up = mb[:, None] & (o_t[None, :] >= (i_i + 1) * BC)
-        tl.store(s_buf + (rb[:, None] * HV + i_hv) * BT + o_t[None, :],
-                 tl.zeros([BC, BT], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=m_up)
-    tl.store(s_buf + (rb[:, None] * HV + i_hv) * BT + i_j * BC + o_c[None, :], _cast_for(b_S, s_buf, DT_ID), mask=mb[:, None])
+    m_lo = o_c[:, None] > o_c[None, :]
+    eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
+    rb0 = t0 + 0 + o_c
+    mb0 = rb0 < eos
+    rb1 = t0 + 16 + o_c
+    mb1 = rb1 < eos
+    rb2 = t0 + 32 + o_c
+    mb2 = rb2 < eos
+    rb3 = t0 + 48 + o_c
+    mb3 = rb3 < eos
+    # ==== row block 0
+    S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_a0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_k, 0.)
+        bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        _b_q0_q = tl.load(qh_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_a0, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+    # the decayed output scores Q ⋆ A of row block 0 (zero above the diagonal)
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
+    # ==== row block 1
+    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_a1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_k, 0.)
+        bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        _b_q1_q = tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
+        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
+        dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
+        qf1 = b_q1 * dq1
+        # block 0 < 1: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg1[None, :] - bw0, 0.))
+        S1_0 += _mm_tf32(qf1, tl.trans(af), DT_ID)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_a1, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+    # the decayed output scores Q ⋆ A of row block 1 (zero above the diagonal)
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
+    # ==== row block 2
+    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_a2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_k, 0.)
+        bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        _b_q2_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
+        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
+        dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
+        qf2 = b_q2 * dq2
+        # block 0 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg2[None, :] - bw0, 0.))
+        S2_0 += _mm_tf32(qf2, tl.trans(af), DT_ID)
+        # block 1 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg2[None, :] - bw1, 0.))
+        S2_1 += _mm_tf32(qf2, tl.trans(af), DT_ID)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_a2, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+    # the decayed output scores Q ⋆ A of row block 2 (zero above the diagonal)
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
+    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
+    # ==== row block 3
+    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_a3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_k, 0.)
+        bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+        _b_q3_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+        b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
+        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
+        dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
+        qf3 = b_q3 * dq3
+        # block 0 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        af = b_w0 * tl.exp2(tl.minimum(rg3[None, :] - bw0, 0.))
+        S3_0 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 1 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        af = b_w1 * tl.exp2(tl.minimum(rg3[None, :] - bw1, 0.))
+        S3_1 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # block 2 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
+        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
+        _b_w2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
+        bw2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        af = b_w2 * tl.exp2(tl.minimum(rg3[None, :] - bw2, 0.))
+        S3_2 += _mm_tf32(qf3, tl.trans(af), DT_ID)
+        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
+        S3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_a3, 1)[:, None], 0.)
+        o_ref = (o_c // 16) * 16 + 7
+        m_hi = (o_c % 16) >= 8
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 8) * 8 + 3
+        m_hi = (o_c % 8) >= 4
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 4) * 4 + 1
+        m_hi = (o_c % 4) >= 2
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+        o_ref = (o_c // 2) * 2 + 0
+        m_hi = (o_c % 2) >= 1
+        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
+        # one exponential per level
+        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
+        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
+        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
+    # the decayed output scores Q ⋆ A of row block 3 (zero above the diagonal)
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
+    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
 # ---- stage decay_keys (per-channel decay): the decayed key and query operands of the state passes, per chunk -------
 #   Kg = A ⊙ e^{b_c − B} (to the chunk's end) and Qg = Q̂ ⊙ e^B, stored in the input dtype: the passes over chunks
 #   load them instead of the fp32 gates and two exponentials per tile, off their sequential path. The matmuls there
@@ -1110,7 +1320,7 @@ def _kernels():
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("curvature_query", chunk_curvature_query_kernel, "seq_hv"),
-        ("interaction", chunk_interaction_kernel, "chunk_pairs"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
         ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
@@ -1213,8 +1423,6 @@ class _Run:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
-            elif kind == "chunk_pairs":  # one program per 16×16 block pair (I, J ≤ I) of a chunk
-                grid = (NT, HV, (BT // BC) * (BT // BC + 1) // 2)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
                 grid = (NT, HV, triton.cdiv(DK, BK))
             elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows

@@ -1165,8 +1165,6 @@ class _Run:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
-            elif kind == "chunk_pairs":  # one program per 16×16 block pair (I, J ≤ I) of a chunk
-                grid = (NT, HV, (BT // BC) * (BT // BC + 1) // 2)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
                 grid = (NT, HV, triton.cdiv(DK, BK))
             elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows
@@ -1203,7 +1201,7 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
-    b["l_buf"] = (TT * HV * BT, f32)  # read back by the residual route or by the solve's own launch
+    b["l_buf"] = (TT * HV * BT, f32)
     b["vn_buf"] = (TT * HV * DV, dt)
     return b
 

@@ -961,8 +961,6 @@ class _Run:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
             if kind == "chunk":
                 grid = (NT, HV)
-            elif kind == "chunk_pairs":  # one program per 16×16 block pair (I, J ≤ I) of a chunk
-                grid = (NT, HV, (BT // BC) * (BT // BC + 1) // 2)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
                 grid = (NT, HV, triton.cdiv(DK, BK))
             elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows
