@@ -22,8 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel", "interaction": "chunk_interaction_kernel",
-          "triangular_solve": "chunk_triangular_solve_kernel", "wy": "chunk_wy_kernel",
-          "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
+          "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
           "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
@@ -37,7 +36,6 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "l2norm": itertools.product([full], [64], [1, 2, 4, 8], [1]),
         "chunk_cumsum": itertools.product([full], [64], [1, 2, 4], [1]),
         "interaction": itertools.product([32, 64], [64], [2, 4, 8], [1]),
-        "triangular_solve": itertools.product([64], [64], [1, 2, 4], [1]),
         "wy": itertools.product([64, full], [64], [2, 4, 8], [1, 2]),
         "state_pass": itertools.product([full], [16, 32, 64], [4, 8], [2, 3]),
         "output": itertools.product([64, full], [64, full], [4, 8], [2, 3]),

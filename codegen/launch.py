@@ -31,10 +31,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         return BK, bv_full, 4, 1
     if name == "interaction":
         if decay == "vector":
-            # the diagonal blocks by hierarchical references: every row block's [16, BK] tiles are live at once,
-            # so 32 key channels per step (compile report, kda dk = 128, sm_90: BK 32 / 8 warps 255 registers +
-            # 96 B spill; BK 128 1448 B, BK 64 1072 B). H200, kda (benchmarks/tune.py, run 13): BK 32 with 2 warps
-            # 2.09 ms, 4 warps 2.16, 8 warps 3.95 (16×16 tiles leave most of 8 warps idle)
+            # one row block at a time (chunk_interaction_vector.jinja). Compile report (kda, dk = 128, sm_90): BK 32 /
+            # 2 warps 255 registers + 64 B spill, BK 16 / 2 warps 8 B, BK 32 / 1 warp 128 B. H200, kda: 0.665 ms
+            # (run 32), against 0.71 with all row blocks at once; one program per 16×16 block pair (150 registers, no
+            # spill, 10 programs per chunk) was no faster, 0.57-0.61 plus a 0.075 solve (runs 33, tune.py)
             return min(32, BK), bv_full, 2, 1
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
