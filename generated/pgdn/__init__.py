@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -205,11 +207,19 @@ def forward(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     scale: float | None = None,
+    cp_group: Any = None,
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
     Differentiable with respect to every input, param and initial state (chunked backward kernels).
+    `cp_group` (a torch.distributed group): context parallelism, this rank's contiguous slice of the tokens with
+    the global pack's `cu_seqlens` (dgps.runtime.cp; docs/context_parallel.md).
     """
+    if cp_group is not None:
+        from dgps.runtime.cp import cp_forward
+
+        return cp_forward(sys.modules[__name__], _inputs(q, k, v, g, beta, gP, betaP, mu), group=cp_group, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, scale=scale)
     x, dims = check_inputs(IR, _inputs(q, k, v, g, beta, gP, betaP, mu))
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise dgps.TensorError(f"pgdn.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "

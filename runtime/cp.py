@@ -1,0 +1,366 @@
+"""Context parallelism: each rank runs its contiguous slice of the tokens; the slices are chained affinely.
+
+Every DGPS state update is affine in the carried state, so a rank's slice maps its incoming state h_in
+(FLA layout h = Sᵀ, [dk, dv] per head) to its outgoing one as
+
+    h_out = M · h_in + h⁰        M [dk, dk] = the product of the slice's key-side transitions
+
+(left-multiplied: the transitions act on h's key rows, each value column evolves on its own). The auxiliary
+states have their own recurrences that read neither S nor v, so their chains go first:
+
+    A_out = exp(Σ decay) ⊙ A_in + A⁰    (the diag preconditioner's statistic: an elementwise decayed scan)
+    C_out = C_in + C⁰, m_out = m_in + m⁰, n_out = n_in + n⁰    (CCQ: additive sums, the count an offset)
+
+The exact preconditioner's P_t = (P_{t-1}⁻¹ + k kᵀ)⁻¹ is not affine in P (its Gram G = P⁻¹ is additive, but the
+kernels carry P), so CP refuses it (`CPUnsupported`).
+
+How a rank gets (M, h⁰) from the package's own differentiable forward, in one call: the values are widened
+by dk zero columns and the carried segment starts from [0 | I], so the final state is [h⁰ | M] (the extra
+columns start at the identity and receive no writes). That is exact when nothing but the write reads the
+value-side inputs and the write is linear in v (`cp_plan` checks the IR). The ranks all-gather (M, h⁰) with
+differentiable collectives, each composes its true incoming state in fp32 (a prefix over the earlier ranks)
+and runs its slice from it; autograd carries every gradient, including those of earlier ranks, back through
+the all-gathers' reduce-scatter.
+
+Cost per slice (this version): the widened call (width dv + dk) and the real call, plus, for specs with
+auxiliary states, one call from zero states for their offsets; the intra-chunk work (interaction, solve, w/u)
+is repeated in each. docs/context_parallel.md says what would remove that.
+
+Sequences (varlen, `cu_seqlens` of the global pack) may cross rank boundaries; a sequence that starts inside a
+rank resets there, so the rank's outgoing state depends on its incoming one only when no sequence starts in
+its slice (`SliceLayout.passes_through`). Final states come back per global sequence: a row is filled on the
+rank where that sequence ends and zero elsewhere (summed over the ranks, they are the unsharded call's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import sympy as sp
+import torch
+
+from dgps.compiler.ir import IR
+from dgps.runtime.evaluate import evaluate
+from dgps.runtime.reference import RecurrenceOutput, build_env, initial_states
+from dgps.runtime.tensors import Dims, TensorError, check_cu_seqlens, check_inputs
+
+AUX_STATES = ("A", "C", "m", "n")
+
+
+class CPUnsupported(NotImplementedError):
+    """The spec's state update cannot be chained across ranks by dgps's affine CP path."""
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """What context parallelism adds to a spec's plan: the chains, the exchanges, or why it is refused."""
+
+    name: str
+    chains: tuple[str, ...]  # one line per state chain, in the order they are composed
+    exchanges: tuple[str, ...]
+    calls: tuple[str, ...]  # the package calls per slice
+    refused: str | None = None
+
+    def format(self) -> str:
+        lines = [f"CP plan {self.name} (context parallelism, `forward(..., cp_group=group)`)"]
+        if self.refused:
+            lines.append(f"  refused: {self.refused}")
+            return "\n".join(lines)
+        lines.append("  chains (composed in this order, fp32, a prefix over the ranks before this one):")
+        lines += [f"    {c}" for c in self.chains]
+        lines.append("  exchanges (torch.distributed.nn all_gather, differentiable):")
+        lines += [f"    {e}" for e in self.exchanges]
+        lines.append("  calls per slice (each a full chunked forward; its backward under autograd):")
+        lines += [f"    {c}" for c in self.calls]
+        lines.append("  varlen: a sequence starting inside a slice resets there (that rank's M = 0); final states are")
+        lines.append("    filled on the rank where each sequence ends, zero elsewhere")
+        return "\n".join(lines)
+
+
+def _names(expr: sp.Expr | None) -> set[str]:
+    return set() if expr is None else {s.name for s in expr.free_symbols}
+
+
+def cp_plan(ir: IR) -> CPPlan:
+    """Check that `ir` chains affinely across ranks through the widened-value call, and describe the chains."""
+    value_side = {d.name for d in ir.inputs if d.vector == "value"}
+    value_side |= {r.name for r in ir.reductions if r.side == "value"}
+    e, f, vp, _w = ir.solve.canonical()
+    reads: list[tuple[str, sp.Expr | None]] = [("erase key e", e), ("write key f", f), ("write key w", _w),
+                                               ("decay", ir.decay.log_gate)]
+    d = ir.precond.diag
+    if d is not None:
+        reads += [("preconditioner statistic", d.stat), ("preconditioner decay", d.decay),
+                  ("preconditioner gain", d.gain), ("preconditioner map", d.map)]
+    refused = None
+    if ir.precond.kind == "exact":
+        refused = ("the exact preconditioner's P_t = (P_{t-1}^-1 + k k^T)^-1 is not affine in P (its Gram G = P^-1 is "
+                   "additive and would chain, but the kernels carry P, not G)")
+    elif any(r.side == "value" for r in ir.reductions):
+        refused = "a value-side channel reduction would read the widened value columns"
+    else:
+        for what, ex in reads:
+            hit = _names(ex) & value_side
+            if hit:
+                refused = f"the {what} reads the value-side input(s) {sorted(hit)}: the transition would depend on v"
+                break
+    if refused is None:
+        vsyms = [s for s in vp.free_symbols if s.name in {x.name for x in ir.inputs if x.role == "value"}]
+        zero = vp.subs({s: 0 for s in vsyms})
+        if not vsyms or sp.simplify(zero) != 0 or any(sp.diff(vp, s, 2) != 0 for s in vsyms):
+            refused = f"the write v' = {vp} is not linear in the value input"
+    if refused:
+        return CPPlan(ir.name, (), (), (), refused)
+    chains, aux = [], []
+    if d is not None:
+        mult = f"exp(sum of {d.decay})" if d.decay is not None else "1"
+        chains.append(f"A [N, {'H' if d.heads == 'key' else 'HV'}, dk]: A_out = {mult} * A_in + A0  (elementwise; "
+                      "reads neither S nor v)")
+        aux.append("A")
+    if ir.read.kind == "curvature":
+        chains.append("C [N, H, dk, dk], m [N, H, dk], n [N]: X_out = X_in + X0  (additive sums; the count an offset)")
+        aux += ["C", "m", "n"]
+    chains.append("S [N, HV, dk, dv] (h = S^T): h_out = M h_in + h0, M [N, HV, dk, dk] the slice's transition product"
+                  + (" (given the true incoming " + ", ".join(aux) + ")" if aux else ""))
+    exchanges = []
+    calls = []
+    if aux:
+        exchanges.append(f"({', '.join(x + '0, its multiplier' for x in aux)}) per rank: one all_gather")
+        calls.append(f"from zero states: the offsets {', '.join(x + '0' for x in aux)}")
+    exchanges.append("(M, h0) per rank: one all_gather")
+    calls.append("values widened by dk zero columns, the carried segment from [0 | I]: the final state is [h0 | M]")
+    calls.append("the slice from its true incoming states: o, the route, the final states")
+    return CPPlan(ir.name, tuple(chains), tuple(exchanges), tuple(calls))
+
+
+@dataclass(frozen=True)
+class SliceLayout:
+    """This rank's slice: its local segments and how they connect to the global sequences.
+
+    Packed (B = 1 with cu_seqlens): `local_cu` are the local offsets, `rows[i]` the global sequence of local
+    segment i. Unpacked: every batch row is a sequence cut at the same token; `rows` = range(B).
+    """
+
+    packed: bool
+    local_cu: tuple[int, ...] | None
+    rows: tuple[int, ...]  # the initial_state / final_state row of each local segment (packed) or batch row
+    n_rows: int  # rows of initial_state and final_state (global sequences, or B)
+    carry_in: bool  # the first segment (every row, unpacked) continues a sequence from the previous rank
+    passes_through: bool  # carry_in and no sequence starts in the slice: h_out depends on h_in
+    ends: tuple[bool, ...]  # per segment / row: the sequence ends in this slice
+
+
+def slice_layout(cu: Sequence[int] | None, B: int, start: int, end: int, total: int) -> SliceLayout:
+    """The layout of the tokens [start, end) of a global pack of `total` tokens (offsets `cu`, or B rows)."""
+    if cu is None:
+        return SliceLayout(False, None, tuple(range(B)), B, start > 0, start > 0, (end == total,) * B)
+    first = max(i for i, c in enumerate(cu[:-1]) if c <= start)  # the global sequence of the first token
+    inner = [c for c in cu if start < c < end]
+    local = (0, *(c - start for c in inner), end - start)
+    rows = tuple(range(first, first + len(local) - 1))
+    ends = tuple(cu[r + 1] <= end for r in rows)
+    carry = cu[first] < start
+    return SliceLayout(True, local, rows, len(cu) - 1, carry, carry and not inner, ends)
+
+
+def layout_from_fla(context: Any, B: int, T: int) -> SliceLayout:
+    """The layout of an FLA `FLACPContext` (fla.ops.cp.build_cp_context, contiguous): local cu_seqlens, and
+    is_first_rank (the first local sequence starts here) / is_last_rank (the last one ends here).
+    Initial and final states are indexed by local sequence, as FLA's CP does."""
+    if getattr(context, "layout", "contiguous") != "contiguous":
+        raise CPUnsupported(f"cp_context.layout = {context.layout!r}: dgps chains contiguous slices only")
+    cu_t = context.cu_seqlens_cpu if getattr(context, "cu_seqlens_cpu", None) is not None else context.cu_seqlens
+    if cu_t is None:
+        raise TensorError("cp_context.cu_seqlens is None: FLA's CP context always carries the local offsets")
+    local = tuple(int(c) for c in cu_t.tolist())
+    if B != 1 or local[-1] != T:
+        raise TensorError(f"cp_context: the local slice must be packed [1, {local[-1]}, ...]; got B = {B}, T = {T}")
+    n = len(local) - 1
+    carry = not bool(context.is_first_rank)
+    ends = tuple([True] * (n - 1) + [bool(context.is_last_rank)])
+    return SliceLayout(True, local, tuple(range(n)), n, carry, carry and n == 1, ends)
+
+
+def _gather_lengths(T: int, group: Any, device: torch.device) -> list[int]:
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    mine = torch.tensor([T], dtype=torch.int64, device=device)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine, group=group)
+    return [int(t.item()) for t in out]
+
+
+def _all_gather(tensors: Sequence[torch.Tensor], group: Any) -> tuple[list[list[torch.Tensor]], tuple[torch.Tensor, ...]]:
+    """Every rank's copy of `tensors` (same shapes everywhere), differentiable: one flat all_gather. Also the raw
+    gathered tensors, for `_Tie` (every rank must reach the gather's backward, which is itself a collective)."""
+    import warnings
+
+    from torch.distributed.nn.functional import all_gather
+
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    with warnings.catch_warnings():  # its successor (_functional_collectives) has no autograd on every backend
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = all_gather(flat, group=group)
+    sizes = [t.numel() for t in tensors]
+    return [[p.reshape(t.shape) for p, t in zip(g.split(sizes), tensors, strict=True)] for g in parts], tuple(parts)
+
+
+class _Tie(torch.autograd.Function):
+    """o, unchanged, made to depend on the gathered tensors (zero gradient to them).
+
+    The all_gather's backward is a collective (all-to-all / reduce-scatter): every rank must run it, also a rank
+    whose outputs do not read the gathered maps (rank 0; a slice that starts a sequence). Without this edge such
+    a rank's backward would skip the node and the others would wait for it forever."""
+
+    @staticmethod
+    def forward(ctx, o: torch.Tensor, *gathered: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.likes = [(g.shape, g.dtype, g.device) for g in gathered]
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
+        return (do, *(torch.zeros(s, dtype=dt, device=dev) for s, dt, dev in ctx.likes))
+
+
+def _rank(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
+def compose(maps: Sequence[tuple[torch.Tensor, torch.Tensor]], upto: int, matrix: bool) -> torch.Tensor | None:
+    """The state entering slice `upto`: x_0 = b_0, x_r = M_r x_{r-1} + b_r (matrix) or m_r ⊙ x_{r-1} + b_r,
+    over r < upto, in fp32. None for the first slice."""
+    x = None
+    for m, b in maps[:upto]:
+        m, b = m.float(), b.float()
+        x = b if x is None else (torch.matmul(m, x) if matrix else m * x) + b
+    return x
+
+
+def _local_states(lay: SliceLayout, h0: Mapping[str, torch.Tensor], carried: Mapping[str, torch.Tensor]
+                  ) -> dict[str, torch.Tensor]:
+    """The initial states of the local segments: the carried ones for the continued segment, h0 elsewhere."""
+    out = {}
+    for name, s in h0.items():
+        mine = s[list(lay.rows)]
+        if lay.carry_in and name in carried:
+            c = carried[name].to(mine.dtype)
+            mine = c if not lay.packed else torch.cat([c, mine[1:]], dim=0)
+        out[name] = mine
+    return out
+
+
+def _tail(lay: SliceLayout, s: torch.Tensor) -> torch.Tensor:
+    """The outgoing rows of a per-segment state: the last segment (packed) or every row."""
+    return s[-1:] if lay.packed else s
+
+
+def _head(lay: SliceLayout, s: torch.Tensor) -> torch.Tensor:
+    """The rows of the continued segment: the first segment (packed) or every row."""
+    return s[:1] if lay.packed else s
+
+
+def _aux_multiplier(ir: IR, name: str, x: Mapping[str, torch.Tensor], dims: Dims, lay: SliceLayout,
+                    like: torch.Tensor) -> torch.Tensor:
+    """How the outgoing auxiliary state scales the incoming one (0 when a sequence starts in the slice)."""
+    if not lay.passes_through:
+        return torch.zeros_like(like)
+    d = ir.precond.diag
+    if name != "A" or d is None or d.decay is None:  # CCQ's sums and an undecayed statistic: additive
+        return torch.ones_like(like)
+    env = build_env(ir, x, dims, torch.float32)
+    dec = evaluate(d.decay, env, env["q"])
+    dec = dec if isinstance(dec, torch.Tensor) else torch.tensor(float(dec))
+    dec = dec.expand(dims.B, dims.T, dims.HV, dims.dk).float()  # [B, T, HV, dk]
+    if d.heads == "key":
+        dec = dec[:, :, ::dims.G]
+    return torch.exp(dec.sum(1)).reshape(like.shape)
+
+
+def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, group: Any,
+               initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
+               output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+               scale: float | None = None, layout: SliceLayout | None = None) -> RecurrenceOutput:
+    """`pkg.forward` over this rank's slice of a sequence sharded across `group` (see the module docstring).
+
+    `cu_seqlens`: the global pack's offsets (every rank passes the same), or None for [B, T_r] slices of B
+    sequences. `layout` (instead of cu_seqlens): a prebuilt SliceLayout (fla_compat's FLA contexts).
+    """
+    ir: IR = pkg.IR
+    plan = cp_plan(ir)
+    if plan.refused:
+        raise CPUnsupported(f"{ir.name}.forward(cp_group=...): context parallelism is refused: {plan.refused}")
+    x, dims = check_inputs(ir, inputs)
+    device = x["q"].device
+    rank = _rank(group)
+    if layout is None:
+        lengths = _gather_lengths(dims.T, group, device)
+        start, total = sum(lengths[:rank]), sum(lengths)
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, Dims(dims.B, total, dims.H, dims.HV, dims.dk, dims.dv))
+        cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
+        layout = slice_layout(cu, dims.B, start, start + dims.T, total)
+    lay = layout
+    local_cu = None if lay.local_cu is None else torch.tensor(lay.local_cu, dtype=torch.int32, device=device)
+    h0 = initial_states(ir, dims, lay.n_rows, initial_state, torch.float32, device)
+    h0 = {n: s.float() for n, s in h0.items()}
+    states = ir.state_names
+    aux = [s for s in states if s in AUX_STATES]
+    zero = {n: torch.zeros_like(_head(lay, h0[n][list(lay.rows)])) for n in states}
+
+    def call(xx: Mapping[str, torch.Tensor], init: Mapping[str, torch.Tensor]) -> RecurrenceOutput:
+        return pkg.forward(**xx, initial_state=dict(init), output_final_state=True, cu_seqlens=local_cu, scale=scale)
+
+    # 1. the auxiliary chains: they read neither S nor v, so their offsets come from a call from zero states
+    aux_in: dict[str, torch.Tensor] = {}
+    ties: tuple[torch.Tensor, ...] = ()
+    if aux:
+        fin = call(x, _local_states(lay, h0, zero)).final_state
+        assert fin is not None
+        offs = [_tail(lay, fin[n]) for n in aux]
+        mults = [_aux_multiplier(ir, n, x, dims, lay, o) for n, o in zip(aux, offs, strict=True)]
+        gathered, raw = _all_gather(offs + mults, group)
+        ties += raw
+        for i, n in enumerate(aux):
+            c = compose([(g[len(aux) + i], g[i]) for g in gathered], rank, matrix=False)
+            aux_in[n] = c if c is not None else zero[n]
+    # 2. (M, h0) of the slice from one call with the values widened by dk zero columns, from [0 | I]
+    dk, dv = dims.dk, dims.dv
+    wide = {}
+    for d in ir.inputs:
+        t = x[d.name]
+        wide[d.name] = torch.cat([t, t.new_zeros((*t.shape[:-1], dk))], dim=-1) if d.vector == "value" else t
+    eye = torch.eye(dk, device=device).expand(*zero["S"].shape[:2], dk, dk)
+    h0_wide = dict(h0)
+    h0_wide["S"] = torch.cat([h0["S"], h0["S"].new_zeros((*h0["S"].shape[:3], dk))], dim=-1)
+    carried = {**aux_in, "S": torch.cat([zero["S"], eye], dim=-1)}
+    fin = call(wide, _local_states(lay, h0_wide, carried)).final_state
+    assert fin is not None
+    tail = _tail(lay, fin["S"])
+    b, m = tail[..., :dv], tail[..., dv:]
+    if not lay.passes_through:  # a sequence starts in the slice: what leaves does not depend on what came in
+        m = torch.zeros_like(m)
+    gathered, raw = _all_gather([m, b], group)
+    ties += raw
+    s_in = compose([(g[0], g[1]) for g in gathered], rank, matrix=True)
+    # 3. the slice from its true incoming states
+    carried = {**aux_in, "S": s_in if s_in is not None else zero["S"]}
+    out = call(x, _local_states(lay, h0, carried))
+    final = None
+    if output_final_state:
+        assert out.final_state is not None
+        idx = [i for i, e in enumerate(lay.ends) if e]
+        final = {}
+        for n, s in out.final_state.items():
+            full = s.new_zeros((lay.n_rows, *s.shape[1:]))
+            if idx:
+                rows = torch.tensor([lay.rows[i] for i in idx], device=device)
+                full = full.index_copy(0, rows, s[idx])
+            final[n] = full
+    o = _Tie.apply(out.o, *ties) if torch.is_grad_enabled() and any(t.requires_grad for t in ties) else out.o
+    return RecurrenceOutput(o, final, out.route)

@@ -1,0 +1,125 @@
+"""One rank of tests/test_context_parallel.py: a gloo group on the CPU, the kernels under Triton's interpreter.
+
+    python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:packed|rows:h0|zero
+
+For each case, rank 0 runs the unsharded call (forward and backward) and saves it; every rank then runs its
+slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
+params' and initial states' summed over the ranks, as data-parallel training would) with the unsharded ones.
+Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conftest  # noqa: E402, F401 - TRITON_INTERPRET and the interpreter speed-up, before triton is imported
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from dgps.runtime.api import random_inputs  # noqa: E402
+import importlib  # noqa: E402
+from dgps.runtime.reference import random_states  # noqa: E402
+from dgps.runtime.tensors import Dims  # noqa: E402
+
+H, DK, DV = 2, 16, 16
+# packed: the global offsets per world size; a sequence crosses every rank boundary of interest
+PACKED = {2: (0, 20, 70, 96), 4: (0, 10, 80, 96)}  # 4 ranks: sequence 1 passes through ranks 1 and 2
+ROWS_B, ROWS_T = 2, 64
+
+
+def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def _losses(out, dos: dict[str, torch.Tensor]) -> torch.Tensor:  # noqa: ANN001
+    loss = (out.o * dos["o"]).sum()
+    if out.route is not None:
+        loss = loss + (out.route * dos["route"]).sum()
+    for n, s in (out.final_state or {}).items():
+        loss = loss + (s * dos["final_" + n]).sum()
+    return loss
+
+
+def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
+    spec, layout, h0_kind = case.split(":")
+    pkg = importlib.import_module(f"dgps.generated.{spec}")
+    ir = pkg.IR
+    packed = layout == "packed"
+    B, T = (1, PACKED[world][-1]) if packed else (ROWS_B, ROWS_T)
+    cu = torch.tensor(PACKED[world], dtype=torch.int32) if packed else None
+    N = len(PACKED[world]) - 1 if packed else B
+    x = random_inputs(ir, B, T, H, DK, DV, dtype=torch.float32, seed=11)
+    params = {d.name for d in ir.inputs if d.is_param}
+    dims = Dims(B, T, H, H, DK, DV)
+    h0 = random_states(ir, dims, N, seed=5) if h0_kind == "h0" else {}
+    gen = torch.Generator().manual_seed(3)
+    dos = {"o": torch.randn(B, T, H, DV, generator=gen), "route": torch.randn(B, T, H, DV, generator=gen)}
+    for n, s in random_states(ir, dims, N, seed=9).items():
+        dos["final_" + n] = torch.randn(s.shape, generator=gen)
+    ref_path = out_dir / f"{case.replace(':', '_')}.pt"
+    if rank == 0:  # the unsharded call
+        xs = {n: t.clone().requires_grad_() for n, t in x.items()}
+        hs = {n: s.clone().requires_grad_() for n, s in h0.items()}
+        out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu)
+        _losses(out, dos).backward()
+        torch.save({"o": out.o.detach(), "route": None if out.route is None else out.route.detach(),
+                    "final": {n: s.detach() for n, s in out.final_state.items()},
+                    "dx": {n: t.grad for n, t in xs.items()}, "dh": {n: s.grad for n, s in hs.items()}}, ref_path)
+    dist.barrier()
+    ref = torch.load(ref_path)
+    step = T // world
+    lo, hi = rank * step, (rank + 1) * step
+    xs = {n: (t.clone() if n in params else t[:, lo:hi].clone()).requires_grad_() for n, t in x.items()}
+    hs = {n: s.clone().requires_grad_() for n, s in h0.items()}
+    out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu, cp_group=dist.group.WORLD)
+    sl = {"o": dos["o"][:, lo:hi], "route": dos["route"][:, lo:hi], **{k: v for k, v in dos.items() if k.startswith("final_")}}
+    _losses(out, sl).backward()
+    errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}
+    if out.route is not None:
+        errs["route"] = _max_rel(out.route, ref["route"][:, lo:hi])
+    for n, s in out.final_state.items():  # rows filled where each sequence ends: their sum is the unsharded state
+        total = s.detach().clone()
+        dist.all_reduce(total)
+        errs["final_" + n] = _max_rel(total, ref["final"][n])
+    for n, t in xs.items():
+        g = t.grad if t.grad is not None else torch.zeros_like(t)
+        if n in params:
+            g = g.clone()
+            dist.all_reduce(g)
+            errs["d" + n] = _max_rel(g, ref["dx"][n])
+        else:
+            errs["d" + n] = _max_rel(g, ref["dx"][n][:, lo:hi])
+    for n, s in hs.items():
+        g = s.grad.clone() if s.grad is not None else torch.zeros_like(s)
+        dist.all_reduce(g)
+        if ref["dh"][n] is not None and float(ref["dh"][n].abs().max()) > 0:
+            errs["dh0_" + n] = _max_rel(g, ref["dh"][n])
+    return errs
+
+
+def main() -> None:
+    rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    results = {}
+    for case in sys.argv[5:]:
+        try:
+            results[case] = run_case(case, rank, world, out_dir)
+        except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+            import traceback
+
+            results[case] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+            (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+            raise
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
