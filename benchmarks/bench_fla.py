@@ -292,18 +292,27 @@ def main() -> int:
             print(system, "accuracy", json.dumps(result["accuracy"][system]), flush=True)
         result["systems"][system] = row
         print(system, json.dumps(row), json.dumps(result["flashqla"].get(system, {})), flush=True)
+        if args.json:  # after every system, so that a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         del x, do
         torch.cuda.empty_cache()
     if args.variants:
-        steps = {}
-        for spec in ("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"):
-            rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
-            pkg = dgps.compile(rec)
-            x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
-            do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
-            steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
-            steps[spec]()
-        result["variants_fwdbwd_ms"] = interleaved(steps, args.reps)
+        # each family against its base system, interleaved within the family (issue 8: the scalar variants
+        # against gdn; issue 9: the vector variants against kda and gla)
+        for family in (("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"), ("kda", "gla", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")):
+            steps = {}
+            for spec in family:
+                rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
+                pkg = dgps.compile(rec)
+                x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
+                do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+                steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
+                steps[spec]()
+            result["variants_fwdbwd_ms"].update(interleaved(steps, args.reps))
+            del steps
+            torch.cuda.empty_cache()
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print("variants", json.dumps(result["variants_fwdbwd_ms"]), flush=True)
     if args.cold_start:
         # two interleaved rounds, so that a busy host slows both alike; the faster of each pair is kept

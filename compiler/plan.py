@@ -364,11 +364,13 @@ def _precond_output(b: _Builder) -> Operand:
     """ATK writes the write key kw; ATQ writes the read query qp."""
     d = b.ir.precond.diag
     heads = "H" if b.ir.precond.kind == "exact" or (d is not None and d.heads == "key") else "HV"
+    # fp32, as the chunk module holds them: k̃ = k · f(A) rounded to bf16 raised every pkda gradient's error by about
+    # a third (T = 256, bf16 inputs, interpreter: q 4.03e-3 → 5.31e-3, g 4.79e-3 → 6.15e-3), above FLA's
     if b.s.precond_placement == "write_key":
         if b.exprs["kw"] != KTILDE:
             heads = "HV"
-        return b.new("kw", _shape("B", "T", heads, "dk"), "in")
-    out = b.new("qp", _shape("B", "T", heads, "dk"), "in")
+        return b.new("kw", _shape("B", "T", heads, "dk"), "fp32")
+    out = b.new("qp", _shape("B", "T", heads, "dk"), "fp32")
     b.roles["q_read"] = out.name
     return out
 
