@@ -282,6 +282,91 @@ def _aux_multiplier(ir: IR, name: str, x: Mapping[str, torch.Tensor], dims: Dims
     return torch.exp(dec.sum(1)).reshape(like.shape)
 
 
+@dataclass(frozen=True)
+class _Slice:
+    """One rank's slice and what every stage of its chain needs."""
+
+    pkg: ModuleType
+    x: Mapping[str, torch.Tensor]
+    dims: Dims
+    lay: SliceLayout
+    h0: Mapping[str, torch.Tensor]
+    local_cu: torch.Tensor | None
+    scale: float | None
+
+    @property
+    def ir(self) -> IR:
+        return self.pkg.IR
+
+    @property
+    def aux(self) -> list[str]:
+        return [s for s in self.ir.state_names if s in AUX_STATES]
+
+    def zero(self, name: str) -> torch.Tensor:
+        """A zero state for the continued segment (packed: one row; unpacked: every row)."""
+        return torch.zeros_like(_head(self.lay, self.h0[name][list(self.lay.rows)]))
+
+    def call(self, x: Mapping[str, torch.Tensor], carried: Mapping[str, torch.Tensor],
+             h0: Mapping[str, torch.Tensor] | None = None) -> RecurrenceOutput:
+        init = _local_states(self.lay, self.h0 if h0 is None else h0, carried)
+        return self.pkg.forward(**x, initial_state=init, output_final_state=True, cu_seqlens=self.local_cu,
+                                scale=self.scale)
+
+
+def _make_slice(pkg: ModuleType, x: Mapping[str, torch.Tensor], dims: Dims, lay: SliceLayout,
+                initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None, scale: float | None) -> _Slice:
+    device = x["q"].device
+    local_cu = None if lay.local_cu is None else torch.tensor(lay.local_cu, dtype=torch.int32, device=device)
+    h0 = initial_states(pkg.IR, dims, lay.n_rows, initial_state, torch.float32, device)
+    return _Slice(pkg, x, dims, lay, {n: s.float() for n, s in h0.items()}, local_cu, scale)
+
+
+def aux_maps(sl: _Slice) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(multiplier, offset) of each auxiliary state over the slice: they read neither S nor v, so the offsets
+    come from one call from zero states."""
+    if not sl.aux:
+        return []
+    fin = sl.call(sl.x, {n: sl.zero(n) for n in sl.ir.state_names}).final_state
+    assert fin is not None
+    offs = [_tail(sl.lay, fin[n]) for n in sl.aux]
+    return [(_aux_multiplier(sl.ir, n, sl.x, sl.dims, sl.lay, o), o) for n, o in zip(sl.aux, offs, strict=True)]
+
+
+def state_map(sl: _Slice, aux_in: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, h0) of the slice, given the true incoming auxiliary states: one call with the values widened by dk
+    zero columns and the continued segment started from [0 | I], whose final state is [h0 | M]."""
+    dk, dv = sl.dims.dk, sl.dims.dv
+    wide = {}
+    for d in sl.ir.inputs:
+        t = sl.x[d.name]
+        wide[d.name] = torch.cat([t, t.new_zeros((*t.shape[:-1], dk))], dim=-1) if d.vector == "value" else t
+    z = sl.zero("S")
+    eye = torch.eye(dk, device=z.device).expand(*z.shape[:2], dk, dk)
+    h0_wide = dict(sl.h0)
+    h0_wide["S"] = torch.cat([sl.h0["S"], sl.h0["S"].new_zeros((*sl.h0["S"].shape[:3], dk))], dim=-1)
+    fin = sl.call(wide, {**aux_in, "S": torch.cat([z, eye], dim=-1)}, h0_wide).final_state
+    assert fin is not None
+    tail = _tail(sl.lay, fin["S"])
+    b, m = tail[..., :dv], tail[..., dv:]
+    if not sl.lay.passes_through:  # a sequence starts in the slice: what leaves does not depend on what came in
+        m = torch.zeros_like(m)
+    return m, b
+
+
+def _place_finals(sl: _Slice, out: RecurrenceOutput) -> dict[str, torch.Tensor]:
+    """Final states per global row: filled where the sequence ends in this slice, zero elsewhere."""
+    assert out.final_state is not None
+    idx = [i for i, e in enumerate(sl.lay.ends) if e]
+    final = {}
+    for n, s in out.final_state.items():
+        full = s.new_zeros((sl.lay.n_rows, *s.shape[1:]))
+        if idx:
+            rows = torch.tensor([sl.lay.rows[i] for i in idx], device=s.device)
+            full = full.index_copy(0, rows, s[idx])
+        final[n] = full
+    return final
+
+
 def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, group: Any,
                initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
                output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
@@ -305,62 +390,77 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
             check_cu_seqlens(cu_seqlens, Dims(dims.B, total, dims.H, dims.HV, dims.dk, dims.dv))
         cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
         layout = slice_layout(cu, dims.B, start, start + dims.T, total)
-    lay = layout
-    local_cu = None if lay.local_cu is None else torch.tensor(lay.local_cu, dtype=torch.int32, device=device)
-    h0 = initial_states(ir, dims, lay.n_rows, initial_state, torch.float32, device)
-    h0 = {n: s.float() for n, s in h0.items()}
-    states = ir.state_names
-    aux = [s for s in states if s in AUX_STATES]
-    zero = {n: torch.zeros_like(_head(lay, h0[n][list(lay.rows)])) for n in states}
-
-    def call(xx: Mapping[str, torch.Tensor], init: Mapping[str, torch.Tensor]) -> RecurrenceOutput:
-        return pkg.forward(**xx, initial_state=dict(init), output_final_state=True, cu_seqlens=local_cu, scale=scale)
-
-    # 1. the auxiliary chains: they read neither S nor v, so their offsets come from a call from zero states
-    aux_in: dict[str, torch.Tensor] = {}
+    sl = _make_slice(pkg, x, dims, layout, initial_state, scale)
     ties: tuple[torch.Tensor, ...] = ()
-    if aux:
-        fin = call(x, _local_states(lay, h0, zero)).final_state
-        assert fin is not None
-        offs = [_tail(lay, fin[n]) for n in aux]
-        mults = [_aux_multiplier(ir, n, x, dims, lay, o) for n, o in zip(aux, offs, strict=True)]
-        gathered, raw = _all_gather(offs + mults, group)
+    # 1. the auxiliary chains first: S's transitions read their true incoming values
+    aux_in: dict[str, torch.Tensor] = {}
+    maps = aux_maps(sl)
+    if maps:
+        gathered, raw = _all_gather([t for pair in maps for t in pair], group)
         ties += raw
-        for i, n in enumerate(aux):
-            c = compose([(g[len(aux) + i], g[i]) for g in gathered], rank, matrix=False)
-            aux_in[n] = c if c is not None else zero[n]
-    # 2. (M, h0) of the slice from one call with the values widened by dk zero columns, from [0 | I]
-    dk, dv = dims.dk, dims.dv
-    wide = {}
-    for d in ir.inputs:
-        t = x[d.name]
-        wide[d.name] = torch.cat([t, t.new_zeros((*t.shape[:-1], dk))], dim=-1) if d.vector == "value" else t
-    eye = torch.eye(dk, device=device).expand(*zero["S"].shape[:2], dk, dk)
-    h0_wide = dict(h0)
-    h0_wide["S"] = torch.cat([h0["S"], h0["S"].new_zeros((*h0["S"].shape[:3], dk))], dim=-1)
-    carried = {**aux_in, "S": torch.cat([zero["S"], eye], dim=-1)}
-    fin = call(wide, _local_states(lay, h0_wide, carried)).final_state
-    assert fin is not None
-    tail = _tail(lay, fin["S"])
-    b, m = tail[..., :dv], tail[..., dv:]
-    if not lay.passes_through:  # a sequence starts in the slice: what leaves does not depend on what came in
-        m = torch.zeros_like(m)
-    gathered, raw = _all_gather([m, b], group)
+        for i, n in enumerate(sl.aux):
+            c = compose([(g[2 * i], g[2 * i + 1]) for g in gathered], rank, matrix=False)
+            aux_in[n] = c if c is not None else sl.zero(n)
+    # 2. S's chain: every rank's (M, h0), then the prefix over the ranks before this one
+    gathered, raw = _all_gather(list(state_map(sl, aux_in)), group)
     ties += raw
     s_in = compose([(g[0], g[1]) for g in gathered], rank, matrix=True)
     # 3. the slice from its true incoming states
-    carried = {**aux_in, "S": s_in if s_in is not None else zero["S"]}
-    out = call(x, _local_states(lay, h0, carried))
-    final = None
-    if output_final_state:
-        assert out.final_state is not None
-        idx = [i for i, e in enumerate(lay.ends) if e]
-        final = {}
-        for n, s in out.final_state.items():
-            full = s.new_zeros((lay.n_rows, *s.shape[1:]))
-            if idx:
-                rows = torch.tensor([lay.rows[i] for i in idx], device=device)
-                full = full.index_copy(0, rows, s[idx])
-            final[n] = full
+    out = sl.call(x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
+    final = _place_finals(sl, out) if output_final_state else None
     o = _Tie.apply(out.o, *ties) if torch.is_grad_enabled() and any(t.requires_grad for t in ties) else out.o
     return RecurrenceOutput(o, final, out.route)
+
+
+def simulate(spec: str, ranks: int, T: int, decay: str = "strong", *, H: int = 2, dk: int = 16, dv: int = 16,
+             seed: int = 0) -> dict[str, float]:
+    """The affine chain over `ranks` equal slices of one sequence, on one process (no torch.distributed): each
+    slice's maps are composed in order as the ranks would. Returns the max relative errors of the composed
+    final state S and of o against the unsharded call (fp32), and of both against the float64 reference.
+
+    decay: 'strong' (log gates drawn as logsigmoid(N(0, 1)), a factor ~0.5 per token) or 'weak' (those × 0.01)."""
+    import importlib
+
+    from dgps.runtime.api import random_inputs
+
+    pkg = importlib.import_module(f"dgps.generated.{spec}")
+    ir: IR = pkg.IR
+    if T % ranks:
+        raise ValueError(f"simulate: T = {T} must be a multiple of ranks = {ranks}")
+    x = random_inputs(ir, 1, T, H, dk, dv, dtype=torch.float32, seed=seed)
+    if decay == "weak":
+        x = {n: (t * 0.01 if ir.input(n).domain == "log_gate" and not ir.input(n).is_param else t) for n, t in x.items()}
+    full = pkg.forward(**x, output_final_state=True)
+    ref = pkg.reference(**x, output_final_state=True, dtype=torch.float64)
+    step = T // ranks
+    params = {d.name for d in ir.inputs if d.is_param}
+    maps_aux: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    slices = []
+    for r in range(ranks):
+        xr = {n: (t if n in params else t[:, r * step:(r + 1) * step]) for n, t in x.items()}
+        xr, dims = check_inputs(ir, xr)
+        sl = _make_slice(pkg, xr, dims, slice_layout(None, 1, r * step, (r + 1) * step, T), None, None)
+        slices.append(sl)
+        maps_aux.append(aux_maps(sl))
+    outs, finals = [], None
+    s_maps: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for r, sl in enumerate(slices):
+        aux_in = {}
+        for i, n in enumerate(sl.aux):
+            c = compose([m[i] for m in maps_aux], r, matrix=False)
+            aux_in[n] = c if c is not None else sl.zero(n)
+        s_maps.append(state_map(sl, aux_in))
+        s_in = compose(s_maps, r, matrix=True)
+        out = sl.call(sl.x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
+        outs.append(out.o)
+        finals = out.final_state
+    assert finals is not None and full.final_state is not None and ref.final_state is not None
+    o = torch.cat(outs, dim=1)
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+    return {"final_state": rel(finals["S"], full.final_state["S"]), "o": rel(o, full.o),
+            "final_state_vs_fp64": rel(finals["S"], ref.final_state["S"]), "o_vs_fp64": rel(o, ref.o),
+            "unsharded_final_state_vs_fp64": rel(full.final_state["S"], ref.final_state["S"]),
+            "unsharded_o_vs_fp64": rel(full.o, ref.o)}

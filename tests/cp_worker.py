@@ -10,6 +10,7 @@ Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -22,7 +23,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dgps.runtime.api import random_inputs  # noqa: E402
-import importlib  # noqa: E402
 from dgps.runtime.reference import random_states  # noqa: E402
 from dgps.runtime.tensors import Dims  # noqa: E402
 
@@ -55,6 +55,9 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     cu = torch.tensor(PACKED[world], dtype=torch.int32) if packed else None
     N = len(PACKED[world]) - 1 if packed else B
     x = random_inputs(ir, B, T, H, DK, DV, dtype=torch.float32, seed=11)
+    for d in ir.inputs:  # weak decay: a slice's transition product M stays O(1), so an error in it shows
+        if d.domain == "log_gate" and not d.is_param:
+            x[d.name] = x[d.name] * 0.05
     params = {d.name for d in ir.inputs if d.is_param}
     dims = Dims(B, T, H, H, DK, DV)
     h0 = random_states(ir, dims, N, seed=5) if h0_kind == "h0" else {}
