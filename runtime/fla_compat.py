@@ -39,7 +39,13 @@ Options and how they are treated:
   `chunk_indices`, `chunk_size`, `disable_recompute`, `solve_tril_precision`, `max_num_seqs` (FLA reads it only
   with `use_graph`), `safe_gate` (FLA's M=16 kernel path for gates in `[lower_bound, 0)`; FLA's validation of
   `lower_bound` is kept).
-* `NotImplementedError`: `cp_context` not None (no context parallelism in dgps); `return_intermediate_states=True`
+* context parallelism: `chunk_gated_delta_rule` and `chunk_kda` take FLA's `cp_context` (what
+  `fla.ops.cp.build_cp_context` returns, contiguous layout: its group, local `cu_seqlens`, `is_first_rank` /
+  `is_last_rank`; initial and final states per local sequence, as FLA's); the others with `**kwargs` take the
+  kwarg `cp_group` (a torch.distributed group; `cu_seqlens` then are the global pack's); chunk_gla and
+  chunk_precond_gated_delta_rule (FLA signatures without `**kwargs`) take neither: call the package's
+  `forward`. dgps.runtime.cp, docs/context_parallel.md.
+* `NotImplementedError`: `cp_context` for the other systems (pass `cp_group`); `return_intermediate_states=True`
   (dgps does not expose per-chunk states); `use_graph=True` (no CUDA-graph varlen mode with zero-length
   padding sequences).
 """
@@ -147,7 +153,25 @@ def _check_qkv(fn: str, q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int
 
 def _no_cp(fn: str, cp_context: Any) -> None:
     if cp_context is not None:
-        raise NotImplementedError(f"{fn}: `cp_context` (context parallelism) is not supported by dgps; call without it")
+        raise NotImplementedError(f"{fn}: FLA's `cp_context` is taken by chunk_gated_delta_rule and chunk_kda only (the "
+                                  "systems FLA has CP for); pass `cp_group=group` with the global `cu_seqlens` instead")
+
+
+def _cp(fn: str, cp_context: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """(group, FLA context or None) for dgps.runtime.cp, or None without context parallelism.
+
+    FLA's context is read by its fields only (never importing fla): `group` (None: CP off, as FLA's
+    `is_cp_enabled`), `cu_seqlens` (the local offsets), `is_first_rank`, `is_last_rank`, `layout`."""
+    group = kwargs.get("cp_group")
+    if cp_context is not None:
+        if group is not None:
+            raise ValueError(f"{fn}: pass either `cp_context` (FLA's) or `cp_group`, not both")
+        missing = [a for a in ("group", "cu_seqlens", "is_first_rank", "is_last_rank") if not hasattr(cp_context, a)]
+        if missing:
+            raise TypeError(f"{fn}: `cp_context` must be FLA's FLACPContext (fla.ops.cp.build_cp_context); "
+                            f"{type(cp_context).__name__} lacks {missing}")
+        return (cp_context.group, cp_context)
+    return (group, None) if group is not None else None
 
 
 def _no_intermediate(fn: str, return_intermediate_states: bool) -> None:
@@ -160,7 +184,7 @@ def _no_intermediate(fn: str, return_intermediate_states: bool) -> None:
 def _kwargs(fn: str, kwargs: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, Any]:
     if "head_first" in kwargs:
         raise DeprecationWarning(f"{fn}: `head_first` is not supported: inputs must be [B, T, H, ...] (FLA removed it too)")
-    unknown = sorted(set(kwargs) - set(allowed))
+    unknown = sorted(set(kwargs) - set(allowed) - {"cp_group"})  # cp_group: every function (context parallelism)
     if unknown:
         raise TypeError(f"{fn}: unexpected keyword argument(s) {', '.join(unknown)}; "
                         f"accepted extra keywords: {', '.join(allowed) or 'none'}")
@@ -190,11 +214,24 @@ def _state_in(fn: str, name: str, x: Any, v_first: bool) -> torch.Tensor | None:
 
 def _run(fn: str, spec: str, inputs: Mapping[str, torch.Tensor | None], *, q: torch.Tensor,
          initial: Mapping[str, torch.Tensor | None], output_final_state: bool, cu_seqlens: torch.Tensor | None,
-         scale: float | None, v_first: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+         scale: float | None, v_first: bool, cp: tuple[Any, Any] | None = None,
+         ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
     pkg = compiled(spec)
     states = {n: s for n, s in initial.items() if s is not None}
-    out = pkg.forward(**{n: x for n, x in inputs.items() if x is not None}, initial_state=states or None,
-                      output_final_state=output_final_state, cu_seqlens=cu_seqlens, scale=scale)
+    given = {n: x for n, x in inputs.items() if x is not None}
+    if cp is not None and cp[0] is None:  # FLA's context with CP off: its local offsets, a plain call
+        cu_seqlens, cp = cp[1].cu_seqlens, None
+    if cp is None:
+        out = pkg.forward(**given, initial_state=states or None, output_final_state=output_final_state,
+                          cu_seqlens=cu_seqlens, scale=scale)
+    else:
+        from dgps.runtime import cp as cp_mod
+
+        group, context = cp
+        layout = None if context is None else cp_mod.layout_from_fla(context, q.shape[0], q.shape[1])
+        out = cp_mod.cp_forward(pkg, given, group=group, initial_state=states or None,
+                                output_final_state=output_final_state, cu_seqlens=None if context else cu_seqlens,
+                                scale=scale, layout=layout)
     o = out.o if out.o.dtype == q.dtype else out.o.to(q.dtype)
     final = out.final_state
     if final is not None and v_first:
@@ -322,7 +359,7 @@ def chunk_simple_gla(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, state_v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=state_v_first)
+                    v_first=state_v_first, cp=_cp(fn, None, kwargs))
     return o, (final["S"] if final is not None else None)
 
 
@@ -350,7 +387,7 @@ def chunk_gla(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, state_v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=state_v_first)
+                    v_first=state_v_first, cp=None)  # FLA's signature has no **kwargs: no cp_group here
     return o, (final["S"] if final is not None else None)
 
 
@@ -382,7 +419,7 @@ def chunk_delta_rule(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "beta": beta}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, False)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=False)
+                    v_first=False, cp=_cp(fn, None, kwargs))
     return o, (final["S"] if final is not None else None)
 
 
@@ -415,7 +452,6 @@ def chunk_gated_delta_rule(
     """
     fn = "chunk_gated_delta_rule"
     kw = _kwargs(fn, kwargs, ("use_gate_in_kernel", "A_log", "dt_bias", "chunk_size", "transpose_state_layout"))
-    _no_cp(fn, cp_context)
     v_first = _v_first(fn, state_v_first, kw)
     B, T, H, HV, K, V = _check_qkv(fn, q, k, v)
     use_gate = bool(kw.get("use_gate_in_kernel", False))
@@ -426,7 +462,7 @@ def chunk_gated_delta_rule(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g, "beta": beta, **gx}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=v_first)
+                    v_first=v_first, cp=_cp(fn, cp_context, kw))
     return o, (final["S"] if final is not None else None)
 
 
@@ -471,7 +507,6 @@ def chunk_kda(
     """
     fn = "chunk_kda"
     kw = _kwargs(fn, kwargs, ("A_log", "dt_bias", "chunk_size", "transpose_state_layout"))
-    _no_cp(fn, cp_context)
     _no_intermediate(fn, return_intermediate_states)
     _no_graph(fn, use_graph)
     _safe_gate(fn, safe_gate, use_gate_in_kernel, lower_bound)
@@ -485,7 +520,7 @@ def chunk_kda(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g, "beta": beta, **gx}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=v_first)
+                    v_first=v_first, cp=_cp(fn, cp_context, kw))
     return o, (final["S"] if final is not None else None)
 
 
@@ -533,7 +568,7 @@ def chunk_dplr_delta_rule(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "a": a, "b": b, "gk": gk}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, False)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=False)
+                    v_first=False, cp=_cp(fn, None, kwargs))
     return o, (final["S"] if final is not None else None)
 
 
@@ -581,7 +616,7 @@ def chunk_gdn2(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, **gx}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=v_first)
+                    v_first=v_first, cp=_cp(fn, None, kwargs))
     return o, (final["S"] if final is not None else None)
 
 
@@ -714,7 +749,7 @@ def chunk_precond_kda(
                     initial={"S": _state_in(fn, "initial_state", initial_state, transpose_state_layout),
                              "A": initial_A_state},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=bool(transpose_state_layout))
+                    v_first=bool(transpose_state_layout), cp=_cp(fn, None, kwargs))
     if final is None:
         return o, None, None
     return o, final["S"], final["A"]

@@ -106,6 +106,40 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     return errs
 
 
+def run_fla_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
+    """fla_compat with FLA's cp_context: a stand-in with build_cp_context's fields (contiguous layout)."""
+    from types import SimpleNamespace
+
+    import dgps.fla_compat as fc
+    from dgps.runtime.cp import slice_layout
+
+    fn = {"fla_gdn": fc.chunk_gated_delta_rule, "fla_kda": fc.chunk_kda}[case.split(":")[0]]
+    T = PACKED[world][-1]
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, T, H, DK, generator=gen) for _ in range(2))
+    v = torch.randn(1, T, H, DV, generator=gen)
+    g = 0.05 * torch.nn.functional.logsigmoid(torch.randn(1, T, H, *((DK,) if "kda" in case else ()), generator=gen))
+    beta = torch.rand(1, T, H, generator=gen)
+    cu = torch.tensor(PACKED[world], dtype=torch.int32)
+    xs = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+    o_full, _ = fn(*xs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    do = torch.randn(o_full.shape, generator=gen)
+    (o_full * do).sum().backward()
+    step = T // world
+    lo, hi = rank * step, (rank + 1) * step
+    lay = slice_layout(PACKED[world], 1, lo, hi, T)
+    local = torch.tensor(lay.local_cu, dtype=torch.int32)
+    ctx = SimpleNamespace(group=dist.group.WORLD, cu_seqlens=local, cu_seqlens_cpu=local, layout="contiguous",
+                          is_first_rank=not lay.carry_in, is_last_rank=lay.ends[-1])
+    ys = [t[:, lo:hi].detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
+    o, _ = fn(*ys, use_qk_l2norm_in_kernel=True, cu_seqlens=local, cp_context=ctx)
+    (o * do[:, lo:hi]).sum().backward()
+    errs = {"o": _max_rel(o, o_full[:, lo:hi])}
+    for n, x, y in zip("qkvgb", xs, ys, strict=True):
+        errs["d" + n] = _max_rel(y.grad, x.grad[:, lo:hi])
+    return errs
+
+
 def main() -> None:
     rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)
@@ -113,7 +147,8 @@ def main() -> None:
     results = {}
     for case in sys.argv[5:]:
         try:
-            results[case] = run_case(case, rank, world, out_dir)
+            run = run_fla_case if case.startswith("fla_") else run_case
+            results[case] = run(case, rank, world, out_dir)
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
             import traceback
 
