@@ -76,6 +76,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     rec = _load(args.spec)
+    if getattr(args, "cp", False):
+        if args.stage != "plan" or args.format == "dot":
+            print("dgps show: --cp goes with --stage plan (text)", file=sys.stderr)
+            return 2
+        from .runtime.cp import cp_plan
+
+        rc = cmd_show(argparse.Namespace(**{**vars(args), "cp": False}))
+        print(cp_plan(rec.ir).format())
+        return rc
     if args.stage == "plan":
         from .codegen.chunk import launch_table, supports_chunk
         from .compiler.plan import build_plan, format_plan, plan_to_dot
@@ -241,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec")
     s.add_argument("--stage", default="ir", choices=["ast", "ir", "plan", "source"])
     s.add_argument("--format", default="text", choices=["text", "dot"], help="plan only: text or Graphviz dot")
+    s.add_argument("--cp", action="store_true", help="plan only: also what context parallelism adds (the state chains, "
+                   "the exchanges, the calls per slice) or why it is refused")
     c = sub.add_parser("compile", help="write an importable Python package for a spec", formatter_class=_Help)
     c.add_argument("spec")
     c.add_argument("-o", "--output", required=True, help="package directory to write")

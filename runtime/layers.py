@@ -130,8 +130,11 @@ class DGPSLayer(nn.Module):
                  head_v_dim: int, num_v_heads: int | None = None, use_short_conv: bool = True, conv_size: int = 4,
                  use_output_gate: bool = True, norm_eps: float = 1e-5, layer_idx: int | None = None,
                  gate_low_rank_dim: int | None = None, qk_norm: bool | None = None, backend: str = "kernel",
-                 decode_max_len: int = 64) -> None:
+                 decode_max_len: int = 64, cp_group: Any = None) -> None:
         super().__init__()
+        # context parallelism (dgps.runtime.cp): each rank's forward takes its contiguous slice of the tokens (with
+        # the global pack's cu_seqlens); decoding never shards (set cp_group = None on a model used for generation)
+        self.cp_group = cp_group
         self.rec = spec if isinstance(spec, Recurrence) else load(spec)
         ir = self.ir = self.rec.ir
         self.hidden_size, self.layer_idx = hidden_size, layer_idx
@@ -334,7 +337,7 @@ class DGPSLayer(nn.Module):
             out.final_state = state
             return out
         return self.pkg.forward(**{n: t.contiguous() for n, t in x.items()}, initial_state=state,
-                                output_final_state=use_cache, cu_seqlens=cu_seqlens)
+                                output_final_state=use_cache, cu_seqlens=cu_seqlens, cp_group=self.cp_group)
 
     def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 past_state: dict[str, Any] | None = None, use_cache: bool = False,
@@ -342,6 +345,10 @@ class DGPSLayer(nn.Module):
         if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden must be [B, T, {self.hidden_size}], got {list(hidden.shape)}")
         B, T, _ = hidden.shape
+        if self.cp_group is not None and (self.use_short_conv or self.backend != "kernel"):
+            raise NotImplementedError(
+                f"{self.ir.name}: DGPSLayer(cp_group=...) needs use_short_conv=False and backend='kernel': the short "
+                "convolution would need the previous rank's last conv_size - 1 tokens (a halo exchange dgps does not do yet)")
         past_state = past_state or {}
         x, conv_cache = self.recurrence_inputs(hidden, cu_seqlens, past_state.get("conv"), cler_in)
         out = self._recurrence(x, past_state.get("rec"), use_cache, cu_seqlens)

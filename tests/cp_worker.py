@@ -140,6 +140,35 @@ def run_fla_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, f
     return errs
 
 
+def run_layer_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
+    """DGPSLayer(cp_group=...) on [B, T_r, d] slices against the unsharded layer: output and parameter gradients."""
+    from dgps.runtime.layers import DGPSLayer
+
+    spec = case.split(":")[0].removeprefix("layer_")
+    torch.manual_seed(0)
+    kw = dict(hidden_size=32, num_heads=H, head_k_dim=DK, head_v_dim=DV, use_short_conv=False)
+    layer = DGPSLayer(Path(__file__).resolve().parents[1] / "specs" / f"{spec}.dgps", **kw)
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(ROWS_B, ROWS_T, 32, generator=gen)
+    y_full, _, _ = layer(hidden)
+    dy = torch.randn(y_full.shape, generator=gen)
+    (y_full * dy).sum().backward()
+    ref = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    layer.zero_grad()
+    layer.cp_group = dist.group.WORLD
+    step = ROWS_T // world
+    lo, hi = rank * step, (rank + 1) * step
+    y, _, _ = layer(hidden[:, lo:hi])
+    (y * dy[:, lo:hi]).sum().backward()
+    errs = {"y": _max_rel(y, y_full[:, lo:hi])}
+    for n, p in layer.named_parameters():
+        if n in ref:
+            g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+            dist.all_reduce(g)
+            errs["d" + n] = _max_rel(g, ref[n])
+    return errs
+
+
 def main() -> None:
     rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)
@@ -147,7 +176,7 @@ def main() -> None:
     results = {}
     for case in sys.argv[5:]:
         try:
-            run = run_fla_case if case.startswith("fla_") else run_case
+            run = run_fla_case if case.startswith("fla_") else run_layer_case if case.startswith("layer_") else run_case
             results[case] = run(case, rank, world, out_dir)
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
             import traceback

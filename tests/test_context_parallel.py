@@ -57,14 +57,14 @@ def _check(results: dict[str, dict[str, float]], cases: list[str], world: int) -
     for case in cases:  # every gradient was compared: the inputs', and those of the given initial states
         errs = results[f"{case}@rank0"]
         assert "o" in errs and any(n.startswith("d") for n in errs)
-        assert case.startswith("fla_") or any(n.startswith("final_") for n in errs)
+        assert case.startswith(("fla_", "layer_")) or any(n.startswith("final_") for n in errs)
         if case.endswith(":h0"):
             assert any(n.startswith("dh0_") for n in errs)
 
 
 def test_cp_two_ranks_varlen_every_spec(tmp_path: Path) -> None:
     # global pack (0, 20, 70, 96) on slices of 48: sequence 1 crosses the boundary, sequence 2 starts inside rank 1
-    cases = [f"{s}:packed:h0" for s in SPECS8]
+    cases = [f"{s}:packed:h0" for s in SPECS8] + ["layer_cler_h_gdn:rows:zero"]  # DGPSLayer(cp_group=...)
     _check(_spawn(2, cases, tmp_path), cases, 2)
 
 
@@ -119,3 +119,13 @@ def test_simulated_many_ranks(spec: str) -> None:
     for decay in ("weak", "strong"):
         r = cp.simulate(spec, ranks=8, T=256, decay=decay)
         assert r["final_state"] <= TOL and r["o"] <= TOL, (decay, r)
+
+
+def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
+    from dgps.cli import main
+
+    assert main(["show", "specs/pgdn.dgps", "--stage", "plan", "--cp"]) == 0
+    out = capsys.readouterr().out
+    assert "CP plan pgdn" in out and "A_out = exp(sum of gP) * A_in + A0" in out and "h_out = M h_in + h0" in out
+    assert main(["show", "specs/exact_atk.dgps", "--stage", "plan", "--cp"]) == 0
+    assert "refused: the exact preconditioner" in capsys.readouterr().out
