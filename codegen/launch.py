@@ -94,6 +94,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # forward BK 32 / 8 warps 0.33 ms (full width 0.91), backward 0.66 ms (full width 1.76); BK 32 / 8 warps
         # compiles to 105 / 166 registers without spill, the full width to 255 + 216 / 1624 B of spill
         return min(32, BK), bv_full, (8 if BK >= 64 else 4), 1
+    if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
+        # the exact preconditioner's per-chunk dk × dk tiles (compile report, dk = dv = 64, sm_90): at 4 warps the
+        # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and
+        # 21 / 8 KB (not yet timed on a GPU; the backward's spill is its tiles' layout more than the warp count)
+        return BK, bv_full, 8, 1
     if name == "bwd_curvature_query":
         return BK, bv_full, (8 if BK >= 64 else 4), 1
     if name == "curvature_query":
