@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 import dgps
 from dgps.runtime.reference import RecurrenceOutput, initial_states
@@ -234,7 +235,7 @@ def forward(
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     keep = True and needs_grad
     try:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):  # traced: the custom ops
             outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
         elif needs_grad:
             outs = _Eager.apply(cu_seqlens, float(scale), keep, *tensors)
