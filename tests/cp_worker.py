@@ -185,7 +185,10 @@ def main() -> None:
             (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
             raise
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: gloo's threads at exit aborted a rank once ("terminate called ...")
 
 
 if __name__ == "__main__":

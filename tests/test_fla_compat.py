@@ -426,8 +426,6 @@ def test_no_final_state_returns_none():
 
 
 @pytest.mark.parametrize("fn, kwargs, needle", [
-    ("chunk_gated_delta_rule", {"cp_context": object()}, "cp_context"),
-    ("chunk_kda", {"cp_context": object()}, "cp_context"),
     ("chunk_kda", {"return_intermediate_states": True}, "return_intermediate_states"),
     ("chunk_kda", {"use_graph": True}, "use_graph"),
     ("chunk_gdn2", {"return_intermediate_states": True}, "return_intermediate_states"),
@@ -440,6 +438,14 @@ def test_unsupported_options(fn, kwargs, needle):
             "chunk_precond_kda": 4}[fn]
     with pytest.raises(NotImplementedError, match=needle):
         getattr(fc, fn)(q, q, q, *([q] * args), **kwargs)
+
+
+@pytest.mark.parametrize("fn", ["chunk_gated_delta_rule", "chunk_kda"])
+def test_cp_context_must_be_flas(fn):
+    # GDN and KDA take FLA's cp_context (tests/test_context_parallel.py runs them on gloo); anything else is refused
+    q = torch.randn(1, 4, 1, D)
+    with pytest.raises(TypeError, match="FLACPContext"):
+        getattr(fc, fn)(q, q, q, q if fn == "chunk_kda" else q[..., 0], q[..., 0], cp_context=object())
 
 
 def test_bad_arguments():
