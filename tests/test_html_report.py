@@ -48,8 +48,8 @@ from dgps.runtime.report import KernelReport
 from dgps.runtime.verify import Row
 
 ROOT = Path(__file__).resolve().parents[1]
-DRAWN = ("gdn", "kda", "pgdn", "ccq_gdn", "simple_gla", "rwkv7_dplr")
-NO_CHUNK_BACKWARD = ("exact_atq", "exact_atk")  # no backward plan
+DRAWN = ("gdn", "kda", "pgdn", "ccq_gdn", "simple_gla", "rwkv7_dplr", "exact_atq", "exact_atk")
+NO_CHUNK_BACKWARD = ("dplr_scalar_decay",)  # tests/: no chunk form, so no backward plan (every spec in specs/ has one)
 STAGE_FILL = (232, 240, 254)  # svg.plan rect.stage's fill in the page's CSS: a drawn stage box
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "wbr", "source", "track", "param", "embed"}
 
@@ -109,9 +109,10 @@ def svg_elements(page: str) -> list[ET.Element]:
 
 
 def plain_page(name: str) -> tuple[dgps.Recurrence, str]:
-    """The page of specs/NAME.dgps without the slow parts (no sm_90 compile, no verify run)."""
-    rec = dgps.load(ROOT / "specs" / f"{name}.dgps")
-    return rec, render_page(collect(rec, f"specs/{name}.dgps", kernel_dims=None, verify_sizes=None))
+    """The page of specs/NAME.dgps (or tests/NAME.dgps) without the slow parts (no sm_90 compile, no verify run)."""
+    where = "specs" if (ROOT / "specs" / f"{name}.dgps").exists() else "tests"
+    rec = dgps.load(ROOT / where / f"{name}.dgps")
+    return rec, render_page(collect(rec, f"{where}/{name}.dgps", kernel_dims=None, verify_sizes=None))
 
 
 def dgps_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:

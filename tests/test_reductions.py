@@ -150,17 +150,18 @@ def test_longhorn_state_stays_bounded_over_long_inputs() -> None:
     assert _max_state((SPECS / "longhorn.dgps").read_text(), 400) < 50.0
 
 
-@pytest.mark.parametrize("spec", ["exact_atq", "exact_atk"])
-def test_show_plan_says_the_package_runs_the_recurrent_kernels(spec: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / f"{spec}.dgps"), "--stage", "plan"],
+def test_show_plan_says_the_package_runs_the_recurrent_kernels() -> None:
+    # every spec in specs/ is chunked; an untied DPLR with a scalar decay is not
+    path = Path(__file__).resolve().parent / "dplr_scalar_decay.dgps"
+    out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(path), "--stage", "plan"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     first = out.splitlines()[0]
-    assert first.startswith(f"{spec}: the package runs the recurrent kernels"), first
-    why = supports_chunk(dgps.load(SPECS / f"{spec}.dgps").ir)[1]
-    assert why in first
+    assert first.startswith("dplr_scalar_decay: the package runs the recurrent kernels"), first
+    why = supports_chunk(dgps.load(path).ir)[1]
+    assert why and why in first
 
 
-@pytest.mark.parametrize("spec", ["gdn", "longhorn", "rwkv7_dplr"])
+@pytest.mark.parametrize("spec", ["gdn", "longhorn", "rwkv7_dplr", "exact_atq", "exact_atk"])
 def test_show_plan_of_a_chunked_spec_is_the_chunk_plan(spec: str) -> None:
     out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / f"{spec}.dgps"), "--stage", "plan"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
