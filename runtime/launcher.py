@@ -75,20 +75,18 @@ def launch_all(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], 
 
 def _record(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], call_key: Hashable) -> None:
     """Launch through Triton's bound path, keeping each launch's compiled kernel and argument order."""
-    compiled = []
+    compiled: list | None = []
     for kernel, grid, const, names in launches:
         ck = kernel[grid](**const, **{n: tensors[n] for n in names})
         params = getattr(kernel, "arg_names", None)
-        if params is None or not all(hasattr(ck, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
-            compiled = None
-            continue
-        given = set(names) | set(const)
-        if not set(params) <= given:  # a parameter left to its default: keep the bound path for this list
-            compiled = None
-            continue
-        if compiled is not None:
+        # replayable: a compiled kernel with a launcher, and every parameter given (none left to its default)
+        replayable = params is not None and set(params) <= set(names) | set(const) and \
+            all(hasattr(ck, a) for a in ("run", "function", "packed_metadata", "launch_metadata"))
+        if compiled is not None and replayable:
             grid3 = (tuple(grid) + (1, 1))[:3]
             compiled.append((ck, grid3, tuple((p in names, p if p in names else const[p]) for p in params)))
+        else:
+            compiled = None
     if compiled is not None:
         if len(_COMPILED) >= _MAX_ENTRIES:
             _COMPILED.clear()

@@ -39,6 +39,7 @@ def __getattr__(name: str):  # noqa: ANN202 - the module's lazy attributes
 INPUTS = ('q', 'k', 'v', 'beta')
 STATES = ('S',)
 ROUTE = "none"
+_N_OUT = 1 + len(STATES) + (ROUTE != "none")  # the forward's outputs before the kept buffers: o, states, route
 
 
 
@@ -148,8 +149,7 @@ def _(
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
     *tensors, cu_seqlens, scale, keep = inputs
-    n_out = 1 + len(STATES) + (ROUTE != "none")
-    kept = list(output[n_out:])  # the per-token buffers the forward kept for the chunked backward
+    kept = list(output[_N_OUT:])  # the per-token buffers the forward kept for the chunked backward
     ctx.mark_non_differentiable(*kept)
     ctx.save_for_backward(*tensors, *kept)
     ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
@@ -182,8 +182,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cu_seqlens, scale, keep, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
         outs = _forward_impl(*tensors, cu_seqlens, scale, keep)
-        n_out = 1 + len(STATES) + (ROUTE != "none")
-        kept = outs[n_out:]
+        kept = outs[_N_OUT:]
         ctx.mark_non_differentiable(*kept)
         ctx.save_for_backward(*tensors, *kept)
         ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale

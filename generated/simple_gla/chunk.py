@@ -766,6 +766,9 @@ class _Run:
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
                self.device, tuple(LAUNCH_OVERRIDES.items()))
+        tensors = {"p_" + n: self.x[n] for n in _INPUTS}
+        tensors.update(self.bufs)
+        tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
         launches = _LAUNCH_LISTS.get(key)
         if launches is None:
             if len(_LAUNCH_LISTS) > 256:
@@ -773,18 +776,8 @@ class _Run:
             launches = _LAUNCH_LISTS[key] = self._launch_list(kernels)
             if not self.interpret and parallel_compile_enabled():
                 # a cold first call: compile the whole launch list at once (runtime/warmup.py)
-                compile_in_parallel([(k, g, dict(c, **{n: self._tensor(n) for n in t})) for k, g, c, t in launches],
-                                    key)
-        tensors = {"p_" + n: self.x[n] for n in _INPUTS}
-        tensors.update(self.bufs)
-        tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
+                compile_in_parallel([(k, g, dict(c, **{n: tensors[n] for n in t})) for k, g, c, t in launches], key)
         launch_all(launches, tensors, key, self.interpret)
-
-    def _tensor(self, name):
-        if name.startswith("p_") and name[2:] in self.x:
-            return self.x[name[2:]]
-        return {"cu_seqlens": self.cu, "chunk_indices": self.chunk_indices,
-                "chunk_offsets": self.chunk_offsets}.get(name, self.bufs.get(name))
 
     def _launch_list(self, kernels):
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
