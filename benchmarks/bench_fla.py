@@ -309,6 +309,8 @@ def main() -> int:
                 steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
                 steps[spec]()
             result["variants_fwdbwd_ms"].update(interleaved(steps, args.reps))
+            if args.profile:  # where each variant's extra time goes, per kernel
+                result.setdefault("variant_profiles", {}).update({k: kernel_times(s) for k, s in steps.items()})
             del steps
             torch.cuda.empty_cache()
             if args.json:
