@@ -25,20 +25,14 @@ def main() -> int:
     from dgps.runtime.tensors import Dims
 
     p = argparse.ArgumentParser()
-    p.add_argument("--systems", nargs="+", default=["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_kda"])
+    p.add_argument("--systems", nargs="+", default=["gdn", "kda", "gla", "pgdn", "ccq_gdn", "cler_h_gdn", "cler_h_kda"])
     p.add_argument("--B", type=int, default=2)
     p.add_argument("--T", type=int, default=300)
     p.add_argument("--H", type=int, default=2)
     p.add_argument("--HV", type=int, default=4)
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--dtype", default="fp32")
-    p.add_argument("--ignore-gpu-fault", action="store_true",
-                   help="run a chunked backward that codegen marks as faulting on sm_90 (to re-check the fault)")
     a = p.parse_args()
-    if a.ignore_gpu_fault:
-        import dgps.codegen.chunk as chunk_codegen
-
-        chunk_codegen.chunk_backward_gpu_fault = lambda ir: None
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     worst_all = 0.0
     for name in a.systems:

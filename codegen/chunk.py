@@ -322,17 +322,6 @@ def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
     return True, ""
 
 
-def chunk_backward_gpu_fault(ir: IR) -> str | None:
-    """Why the chunked backward of `ir` must not run on a GPU (it is then interpreter-only), or None.
-
-    The residual route's reverse state pass is verified under the interpreter, but Triton 3.6's sm_90 build
-    of it faults (illegal memory access); packages differentiate such specs with the recurrent backward.
-    """
-    if ir.route == "residual":
-        return "residual route: the chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)"
-    return None
-
-
 class _AnyName(dict):
     def __missing__(self, key: str) -> str:
         return key
@@ -532,7 +521,6 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False)
-    ctx.update(gpu_fault=chunk_backward_gpu_fault(ir))
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))

@@ -21,7 +21,7 @@ import triton
 
 from .._version import __version__ as DGPS_VERSION
 from ..compiler.ir import IR
-from .chunk import chunk_backward_gpu_fault, render_chunk, supports_chunk, supports_chunk_backward
+from .chunk import render_chunk, supports_chunk, supports_chunk_backward
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
 
@@ -75,9 +75,6 @@ def render_package(rec: Spec, module_name: str | None = None) -> dict[str, str]:
     ir = rec.ir
     chunk_ok, chunk_why = supports_chunk(ir)
     bwd_ok, bwd_why = supports_chunk_backward(ir)
-    fault = chunk_backward_gpu_fault(ir)
-    if bwd_ok and fault is not None:  # packages run on GPUs: such a spec keeps the recurrent backward
-        bwd_ok, bwd_why = False, fault
     files = {"spec.dgps": rec.source if rec.source.endswith("\n") else rec.source + "\n"}
     files["recurrent.py"] = render_recurrent(ir)
     files["backward.py"] = render_recurrent_backward(ir)

@@ -50,6 +50,8 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
                  scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
     """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
+    if keep:
+        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale)
     return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
                                scale=scale), []
 
@@ -79,10 +81,9 @@ def _backward_impl(
     scale: float,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(gradients of the inputs and params, gradients of the initial states the backward reaches)."""
-    # No chunked backward emitted: residual route: the chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)
-    return backward.recurrent_backward(
+    return chunk.chunk_backward(
         {"q": q, "k": k, "v": v, "g": g, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
 
     )
 
@@ -114,6 +115,9 @@ def _(
     outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S,)]
     if ROUTE != "none":
         outs.append(q.new_empty(v.shape))
+    if keep:
+        B, T, H, DK = q.shape
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device)
     return outs
 
 
@@ -207,7 +211,7 @@ def forward(
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
-    Differentiable with respect to every input, param and initial state (recurrent backward kernels).
+    Differentiable with respect to every input, param and initial state (chunked backward kernels).
     `cp_group` (a torch.distributed group): context parallelism, this rank's contiguous slice of the tokens with
     the global pack's `cu_seqlens` (dgps.runtime.cp; docs/context_parallel.md).
     """
@@ -228,7 +232,7 @@ def forward(
     tensors = [*(x[n] for n in INPUTS), *(states[s] for s in STATES)]
     # a training step keeps the forward's per-token buffers for the backward instead of recomputing them
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    keep = False and needs_grad
+    keep = True and needs_grad
     try:
         if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):  # traced: the custom ops
             outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)

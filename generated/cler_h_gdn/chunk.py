@@ -1301,8 +1301,6 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n).
     """
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise NotImplementedError("cler_h_gdn: residual route: the chunked backward faults on sm_90 under Triton 3.6 (interpreter-only)")
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     stages = _RECOMPUTED if kept is not None else tuple(k for k in _FORWARD_STAGES if k != "output")
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, stages=stages, kept=kept)
