@@ -138,6 +138,13 @@ def _mm_tf32(a, b, DT_ID: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _decayed_sum(d1, s1, d2, s2):
+    """Combine of a decayed scan s_t = d_t s_{t-1} + x_t over (d, s) pairs (associative; the same combine runs the
+    reverse scan, where Triton passes the later segment first)."""
+    return d1 * d2, s1 * d2 + s2
+
+
 # ---- stage l2norm: q, k -> x / sqrt(‖x‖² + 1e-06), once, in the input dtype --------
 # Every later stage (forward and backward) reads the normalised rows from pn_<name> with BK-wide loads,
 # so no kernel needs a full key row only to normalise it.
@@ -165,6 +172,7 @@ def chunk_l2norm_kernel(
 # ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
 # One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
 # chunks: the statistic is elementwise per channel, so channel blocks are independent; the carry is BK floats.
+# Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
 @triton.jit
 def chunk_precond_diag_kernel(
     p_gP, p_betaP, p_mu, kt_buf, a0, a_out, stat_buf, pn_k, cu_seqlens, H: tl.constexpr, HP: tl.constexpr,
@@ -180,7 +188,6 @@ def chunk_precond_diag_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_le = o_t[:, None] >= o_t[None, :]
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     # a while loop: the Triton interpreter cannot take a loaded scalar as a range() bound
     n_tc = tl.cdiv(eos - bos, BT)
@@ -198,9 +205,12 @@ def chunk_precond_diag_kernel(
         b_x = b_x * b_bp[:, None]
         _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
         b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-        b_c = tl.cumsum(b_c, axis=0)
-        b_lam = tl.where(m_le, tl.exp2(tl.minimum(b_c[:, None] - b_c[None, :], 0.)), 0.)
-        b_stat = tl.exp2(b_c)[:, None] * b_A[None, :] + _mm32(b_lam, b_x)
+        # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
+        # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
+        # through the first token.
+        b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+        b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
+        _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
         if KEEP:  # the backward reads the statistic of every token
             tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
         _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
@@ -897,7 +907,6 @@ def chunk_bwd_precond_diag_kernel(
     i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_ge = o_t[:, None] <= o_t[None, :]
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
     i_tc = n_tc - 1
@@ -927,15 +936,19 @@ def chunk_bwd_precond_diag_kernel(
         last = tl.minimum(eos - t0, BT) - 1
         _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
         b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-        b_c = tl.cumsum(b_c, axis=0)
-        b_cl = tl.sum(tl.where(o_t == last, b_c, 0.), 0)
-        # Λᵀ formed directly: tl.trans of a computed tile into an fp32 dot compiles (sm_90, Triton 3.6) to
-        # 32 registers and ~7 KB of spill per thread
-        b_lamt = tl.where(m_ge, tl.exp2(tl.minimum(b_c[None, :] - b_c[:, None], 0.)), 0.)
-        b_ab = _mm32(b_lamt, b_dst) + tl.exp2(tl.minimum(b_cl - b_c, 0.))[:, None] * b_carry[None, :]
+        # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+        # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+        rows1 = rows + 1
+        m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+        _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+        b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+        b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+        b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+        _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
         b_ab = tl.where(m_rk, b_ab, 0.)
         tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-        b_carry = tl.sum(tl.exp2(b_c)[:, None] * b_dst, 0) + tl.exp2(b_cl) * b_carry
+        # the carry into the chunk before: e^{c_first} Ā_first
+        b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
         tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
         i_tc -= 1
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
