@@ -534,7 +534,8 @@ def rule_state_pass(b: _Builder) -> None:
     outs = []
     if b.family != "additive":
         outs.append(b.new("U", "[B,T,HV,dv]", "in"))
-    outs += [b.new("Hn", "[B,NT,HV,dk,dv]", "fp32"), b.new("S_final", "[N,HV,dk,dv]", "fp32")]
+    # H_n per chunk in the input dtype, as FLA's h: its readers feed it to tensor-core dots in that dtype anyway
+    outs += [b.new("Hn", "[B,NT,HV,dk,dv]", "in"), b.new("S_final", "[N,HV,dk,dv]", "fp32")]
     streams = _streams(b)
     bind: dict[str, str | None] = {}
     if b.family != "additive":
