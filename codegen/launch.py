@@ -92,8 +92,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
     if name in ("precond_diag", "bwd_precond_diag"):
         # the PDN statistic splits over key-channel blocks; within a chunk it is a decayed scan. H200, pgdn
         # dk = dv = 128 (benchmarks/tune.py, run 37): forward BK 16 / 4 warps 0.218 ms (BK 32 / 8 warps 0.255, BK 32 /
-        # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency.
-        return min(16, BK), bv_full, 4, 1
+        # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency,
+        # and 2 stages let Triton issue the next chunk's loads during this one's scan (not yet timed)
+        return min(16, BK), bv_full, 4, 2
     if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
         # the exact preconditioner's per-chunk dk × dk tiles (compile report, dk = dv = 64, sm_90): at 4 warps the
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and

@@ -178,7 +178,8 @@ def chunk_cumsum_kernel(
 @triton.jit
 def chunk_precond_diag_kernel(
     p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, stat_buf, cu_seqlens, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, KEEP: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+    KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -191,37 +192,67 @@ def chunk_precond_diag_kernel(
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    # a while loop: the Triton interpreter cannot take a loaded scalar as a range() bound
     n_tc = tl.cdiv(eos - bos, BT)
-    i_tc = 0
-    while i_tc < n_tc:
-        t0 = bos + i_tc * BT
-        rows = t0 + o_t
-        m_r = rows < eos
-        _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-        _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-        _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-        b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-        b_x = b_x * b_bp[:, None]
-        _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-        b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-        # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
-        # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
-        # through the first token.
-        b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-        b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
-        _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
-        if KEEP:  # the backward reads the statistic of every token
-            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
-        _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-        b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
-        b_kt = b_map * b_k
-        tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-        last = tl.minimum(eos - t0, BT) - 1
-        b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
-        i_tc += 1
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = 0
+        while i_tc < n_tc:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
+            # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
+            # through the first token.
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
+            _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
+            if KEEP:  # the backward reads the statistic of every token
+                tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BT) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
+            i_tc += 1
+    else:
+        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
+        for i_tc in range(0, n_tc):
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
+            # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
+            # through the first token.
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
+            _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
+            if KEEP:  # the backward reads the statistic of every token
+                tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BT) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
 
 # ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
@@ -1428,6 +1459,7 @@ def chunk_bwd_grad_kernel(
 def chunk_bwd_precond_diag_kernel(
     p_k, p_gP, p_betaP, p_mu, stat_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens, TT, H: tl.constexpr,
     HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1442,48 +1474,91 @@ def chunk_bwd_precond_diag_kernel(
     m_k = o_k < DK
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
-    i_tc = n_tc - 1
-    # a while loop: the Triton interpreter cannot take a loaded scalar as a range() bound
-    while i_tc >= 0:
-        t0 = bos + i_tc * BT
-        rows = t0 + o_t
-        m_r = rows < eos
-        m_rk = m_r[:, None] & m_k[None, :]
-        b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
-        _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-        _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-        _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-        b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-        b_x = b_x * b_bp[:, None]
-        b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-        for i_g in range(0, G):
-            i_hv = i_p * G + i_g
-            b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-            b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
-            b_dkt += b_dwk * b_aa
-        _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-        b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
-        b_dst = b_dmap * b_k * b_dkt
-        last = tl.minimum(eos - t0, BT) - 1
-        _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-        b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-        # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
-        # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
-        rows1 = rows + 1
-        m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-        _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-        b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-        b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
-        b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
-        _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
-        b_ab = tl.where(m_rk, b_ab, 0.)
-        tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-        # the carry into the chunk before: e^{c_first} Ā_first
-        b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
-        tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
-        i_tc -= 1
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = n_tc - 1
+        while i_tc >= 0:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BT) - 1
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the chunk before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+            i_tc -= 1
+    else:
+        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
+        for i_rev in range(0, n_tc):
+            i_tc = n_tc - 1 - i_rev
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BT) - 1
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the chunk before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
@@ -1582,7 +1657,7 @@ _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", 
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'stat_buf', 'cu_seqlens', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'KEEP'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'stat_buf', 'cu_seqlens', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_decay_keys_kernel': ('p_q', 'g_buf', 'kt_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1593,7 +1668,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
