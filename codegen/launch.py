@@ -93,7 +93,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # the PDN statistic splits over key-channel blocks; within a chunk it is a decayed scan. H200, pgdn
         # dk = dv = 128 (benchmarks/tune.py, run 37): forward BK 16 / 4 warps 0.218 ms (BK 32 / 8 warps 0.255, BK 32 /
         # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency.
-        # The for loop's 2 stages (the next chunk's loads during this one's scan) changed nothing (run 38: 0.215 /
+        # The for loop's 2 stages (the next chunk's loads during this one's scan) changed nothing (run 39: 0.215 /
         # 0.313 ms, 1 stage 0.216 / 0.319): the loads were not what each chunk waits on.
         return min(16, BK), bv_full, 4, 2
     if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
