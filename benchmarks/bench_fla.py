@@ -1,7 +1,7 @@
 """dgps next to FLA (and FlashQLA for GDN, when installed) in one process, through FLA's signatures.
 
     python benchmarks/bench_fla.py [--systems gdn delta_rule ...] [--shape B T H D] [--reps 5]
-                                   [--json benchmarks/latest.json] [--profile] [--variants] [--cold-start]
+                                   [--json benchmarks/latest.json] [--profile] [--variants [scalar|vector ...]] [--cold-start]
 
 Both sides are called through fla-core 0.6.0's public signatures with its default options (dgps through
 `dgps.fla_compat`, FLA through `fla.ops`), on the same bf16 inputs (q, k L2-normalised beforehand, as FLA's
@@ -12,8 +12,8 @@ Peak memory is the allocator's peak during one forward+backward above what the i
 
 fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640 guard); this script lifts
 the guard (`fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`) to take FLA's timings, and says so in the
-output. `--variants` times dgps's library specs gdn, ccq_gdn, pgdn and cler_h_gdn forward+backward (no FLA
-counterpart). `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
+output. `--variants` times dgps's library specs forward+backward next to their base system (no FLA counterpart):
+scalar gdn, ccq_gdn, pgdn, cler_h_gdn; vector kda, gla, pkda, ccq_gla, clvr_kda, cler_h_kda. `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
 """
 
 from __future__ import annotations
@@ -232,7 +232,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--merge", action="store_true", help="update the systems of an existing --json file")
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--variants", action="store_true")
+    p.add_argument("--variants", nargs="*", choices=("scalar", "vector"), default=None,
+                   help="the variants FLA lacks against their base system: both families, or those named")
     p.add_argument("--cold-start", action="store_true")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fwd-only", action="store_true")
@@ -296,10 +297,12 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         del x, do
         torch.cuda.empty_cache()
-    if args.variants:
+    if args.variants is not None:
         # each family against its base system, interleaved within the family (issue 8: the scalar variants
         # against gdn; issue 9: the vector variants against kda and gla)
-        for family in (("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"), ("kda", "gla", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")):
+        families = {"scalar": ("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"),
+                    "vector": ("kda", "gla", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")}
+        for family in (families[f] for f in (args.variants or families)):
             steps = {}
             for spec in family:
                 rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
