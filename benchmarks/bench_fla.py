@@ -13,7 +13,8 @@ Peak memory is the allocator's peak during one forward+backward above what the i
 fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640 guard); this script lifts
 the guard (`fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`) to take FLA's timings, and says so in the
 output. `--variants` times dgps's library specs forward+backward next to their base system (no FLA counterpart):
-scalar gdn, ccq_gdn, pgdn, cler_h_gdn; vector kda, gla, pkda, ccq_gla, clvr_kda, cler_h_kda. `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
+scalar gdn, ccq_gdn, pgdn, cler_h_gdn; vector kda, gla, pkda, ccq_gla, clvr_kda, cler_h_kda.
+`--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
 """
 
 from __future__ import annotations
