@@ -227,7 +227,8 @@ def main() -> int:
     import dgps.fla_compat as dgps_fla
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", nargs="+", default=list(SCALAR))
+    p.add_argument("--systems", nargs="*", default=list(SCALAR),
+                   help="FLA systems to time (none: only --variants / --cold-start)")
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128], metavar=("B", "T", "H", "D"))
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
