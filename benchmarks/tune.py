@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel", "interaction": "chunk_interaction_kernel",
           "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
+          "state_output": "chunk_state_output_kernel",
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
           "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
@@ -39,6 +40,8 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "wy": itertools.product([64, full], [64], [2, 4, 8], [1, 2]),
         "state_pass": itertools.product([full], [16, 32, 64], [4, 8], [2, 3]),
         "output": itertools.product([64, full], [64, full], [4, 8], [2, 3]),
+        # the state pass with the output fused in (scalar or no decay): two 64-row key tiles (the table's) or one
+        "state_output": itertools.product(sorted({max(64, full // 2), full}), [16, 32, 64], [4, 8], [1, 2, 3]),
         # 4 warps only: 8 warps fault on sm_90 under Triton 3.6 (see codegen/launch.py)
         "bwd_state": itertools.product([full], [32, 64], [4], [1, 2, 3]),  # BV 16 faulted (run 2)
         "bwd_local_values": itertools.product([64, full], [32, 64, full], [4, 8], [1, 2]),
@@ -91,7 +94,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec")
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128])
-    p.add_argument("--stages", nargs="+", default=["interaction", "wy", "state_pass", "output", "bwd_state",
+    p.add_argument("--stages", nargs="+", default=["interaction", "wy", "state_output", "state_pass", "output", "bwd_state",
                                                    "bwd_grads", "bwd_inputs"])
     p.add_argument("--json", default=None)
     p.add_argument("--configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",

@@ -29,6 +29,8 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     decay_keys           per-channel decay: A ⊙ e^{b_c − B} and Q̂ ⊙ e^B in the input dtype, for the state passes
     state_pass           sequential over chunks: H_n, U = Ũ − W H_n (delta) or βZ (additive)
     output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual: Z − (E⊙e^B)H_n − L'U)
+    state_pass + output  scalar or no decay: one launch (chunk_state_output.jinja), H_n and U kept in registers;
+                         the backward's rerun of the state pass is the state pass's own kernel, which stores them
 
 Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the forward's chunk buffers first):
 
@@ -199,6 +201,13 @@ FORWARD_RULES = {
     "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state", "chunk_state_pass.jinja"),
     "output": Launch("output", "chunk_output_kernel", "output", "chunk_output.jinja"),
 }
+# A host stage with a stage of another kind fused into it, where that changes the host's kernel: (host, guest) ->
+# the kernel computing both. The output in the state pass (scalar or no decay; compiler/plan.py:
+# _output_in_state_pass) is its own kernel and launch-table entry: the backward's rerun of the state pass, which
+# stores H_n and U for the backward stages, keeps the state pass's own kernel.
+FUSED_RULES = {
+    ("state_pass", "output"): Launch("state_output", "chunk_state_output_kernel", "state", "chunk_state_output.jinja"),
+}
 BACKWARD_RULES = {
     "bwd_local_values": Launch("bwd_local_values", "chunk_bwd_local_values_kernel", "output",
                                "chunk_bwd_local_values.jinja"),
@@ -224,7 +233,9 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
 
     plan = build_plan(ir, BT, BC)
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
-    names = [la.name for la in forward_launches(plan)] + [BACKWARD_RULES[k].name for k in (bplan.kinds() if bplan else [])]
+    rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
+    names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun]))
+    names += [BACKWARD_RULES[k].name for k in (bplan.kinds() if bplan else [])]
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind)
 
 
@@ -248,16 +259,32 @@ VECTOR_RULES = {
 }
 
 
-def forward_launches(plan: Plan) -> list[Launch]:
-    """The forward plan's launches in order (fused stages run inside their consumer's launch)."""
-    names = dict.fromkeys(h for st in plan.stages() if (h := launch_of(st)) is not None)
+def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None) -> list[Launch]:
+    """The launches that compute the forward plan's stages of `kinds` (default: every stage), in the plan's order.
+
+    A fused stage runs inside its host's launch; where a FUSED_RULES guest is among the stages, the host's launch is
+    the fused kernel, else the host's own (the backward reruns the state pass without the output)."""
+    stages = [st for st in plan.stages() if kinds is None or st.kind in kinds]
     if plan.family == "untied":
         rules = {**FORWARD_RULES, **UNTIED_RULES}
     elif plan.structure.decay == "vector":
         rules = {**FORWARD_RULES, **VECTOR_RULES}
     else:
         rules = FORWARD_RULES
-    return [rules[n] for n in names]
+    out = []
+    for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
+        guests = [FUSED_RULES[(host, st.kind)] for st in stages if st.kind != host and launch_of(st) == host
+                  and (host, st.kind) in FUSED_RULES]
+        out.append(guests[0] if guests else rules[host])
+    return out
+
+
+def rerun_kinds(plan: Plan, kept: bool) -> tuple[str, ...]:
+    """The forward stage kinds the backward reruns: those it did not keep, or (`kept` False: the forward kept
+    nothing) every stage but the output."""
+    bplan = build_backward_plan(plan)
+    assert bplan is not None
+    return bplan.recomputed if kept else tuple(k for k in plan.kinds() if k != "output")
 
 
 def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
@@ -277,11 +304,11 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
         if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
             raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
-    recomputed = [h for st in plan.stages() if st.kind in bplan.recomputed and (h := launch_of(st)) is not None]
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     rules = {**BACKWARD_RULES, **UNTIED_BACKWARD_RULES} if plan.family == "untied" else BACKWARD_RULES
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[rules[k] for k in bplan.kinds()],
-                bwd_recomputed=list(dict.fromkeys(recomputed)), bwd_kept_buffers=kept,
+                rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
+                rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan),
                 fused_grads=_fused_grad_code(ir, em, fused))
@@ -518,7 +545,8 @@ def _context(ir: IR) -> dict:
     try:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
-        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], bwd_recomputed=[], bwd_kept_buffers=[],
+        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
+                   bwd_kept_buffers=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False)
     # the plan's launches and the attributes the templates follow

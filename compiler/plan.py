@@ -26,7 +26,8 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
     decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B)
     state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R
-    output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s]
+    output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s] (scalar or no decay: fused into the
+                      state pass's launch, which then keeps H_n and U in registers)
 
 Operand shapes are symbolic: B, T, H (key heads), HV (value heads), dk, dv, NT (chunks), C (chunk
 size), N (sequences). Token-level operands are [B,T,heads,...] (FLA's layout); per-chunk matrices are
@@ -575,8 +576,22 @@ def rule_output(b: _Builder) -> None:
         inline = True
     b.add("output", "output", bind, [b.new("o", "[B,T,HV,dv]", "in")], family=b.family, decay=b.s.decay,
           scores=scores, inline_scores=inline, scale=b.ir.scale, subchunk=_subchunk(b) and inline,
-          sub_chunk=b.sub_chunk)
+          sub_chunk=b.sub_chunk, fused="state_pass" if _output_in_state_pass(b) else None)
     b.outputs["o"] = b.op("o")  # type: ignore[assignment]
+
+
+def _output_in_state_pass(b: _Builder) -> bool:
+    """Whether the output runs inside the state pass's launch (one program per sequence, value head and BV value
+    columns, sequential over chunks): H_n then never leaves registers in the forward, and U is not stored; the
+    scores Q̂ Aᵀ are re-formed by every value block of a chunk, the price of the fusion.
+
+    Only where the output's inputs are the state pass's own per-token loads: scalar or no decay (one c×c mask, formed
+    in registers) and the one write stream of the additive and tied families. Per-channel decay keeps two launches:
+    its scores Q ⋆ A come from the interaction stage and its row operand Q ⊙ e^B from decay_keys, and its state pass
+    already holds 234-255 registers at dk = 128, with no room for the output's [BT, BT] scores and [BT, BV]
+    accumulator. So do the untied DPLR family (two streams, and per-channel decay only) and the residual route, whose
+    R = Z − (E ⊙ e^B) H_n − L′U adds a third product with H_n and the fp32 L′ tile to every step."""
+    return b.s.decay != "vector" and b.family != "untied" and b.s.route != "residual"
 
 
 # Order is data dependence; each rule decides from the Structure whether its stage appears.

@@ -328,7 +328,7 @@ def test_report_writes_the_full_page(tmp_path: Path) -> None:
     assert "float64 reference ..." in steps
     page = (out / "index.html").read_text()
     parse_page(page)
-    for kernel in ("chunk_l2norm_kernel", "chunk_interaction_kernel", "chunk_state_pass_kernel", "chunk_output_kernel",
+    for kernel in ("chunk_l2norm_kernel", "chunk_interaction_kernel", "chunk_state_output_kernel", "chunk_state_pass_kernel",
                    "gdn_recurrent_fwd_kernel", "chunk_bwd_state_kernel", "chunk_bwd_grad_kernel"):
         assert f'<td class="code">{kernel}</td>' in page
     assert "0 failed.</p>" in page and "10 passed, 0 failed" in page

@@ -117,6 +117,23 @@ def test_delta_family_plans_have_interaction_solve_wy():
     assert plan("kda").stage("interaction").attr("subchunk") and not plan("gdn").stage("interaction").attr("subchunk")
 
 
+@pytest.mark.parametrize("name", SPECS)
+def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
+    """Scalar or no decay, one write stream, no residual route: the output is fused into the state pass's launch (H_n
+    stays in registers); per-channel decay, the untied DPLR family and the residual route keep two launches."""
+    from dgps.compiler.plan import build_backward_plan, launch_of
+
+    p = plan(name)
+    s = p.structure
+    fused = s.decay != "vector" and p.family != "untied" and s.route != "residual"
+    assert (p.stage("output").attr("fused") == "state_pass") == fused, name
+    assert launch_of(p.stage("output")) == ("state_pass" if fused else "output")
+    assert ("fused=state_pass" in format_plan(p)) == fused
+    # the backward reruns the state pass alone (it stores H_n and U for the backward stages)
+    bp = build_backward_plan(p)
+    assert bp is None or ("state_pass" in bp.recomputed and "output" not in bp.recomputed)
+
+
 def test_gdn_kda_same_shape_different_decay():
     gdn, kda = build_plan(rec("gdn").ir, 64, 16), build_plan(rec("kda").ir, 64, 16)
     kinds = lambda p: [s.kind for s in p.stages() if s.kind != "l2norm"]  # noqa: E731

@@ -35,14 +35,30 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
               "bwd_inputs": "chunk_bwd_inputs_kernel"}
 
 
-def _fwd_kernel(host_stage: str) -> str:
+def _fwd_kernel(host_stage: str, guests: set[str]) -> str:
+    if host_stage == "state_pass" and "output" in guests:  # the output fused into the state pass: one kernel of both
+        return "chunk_state_output_kernel"
     return {"chunk_cumsum": "chunk_cumsum_kernel"}.get(host_stage, f"chunk_{host_stage}_kernel")
 
 
-def _launched(mod, fn) -> list[str]:  # noqa: ANN001
+def _want(plan, kinds=None) -> list[str]:  # noqa: ANN001
+    """The kernels that compute the plan's stages of `kinds` (default: all), in its order: one per launch; a stage with
+    `fused` runs inside another stage's launch (or, "loads", inside every consumer's tile loads)."""
+    stages = [st for st in plan.stages() if kinds is None or st.kind in kinds]
+    hosts = dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None)
+    return [_fwd_kernel(h, {st.kind for st in stages if st.kind != h and launch_of(st) == h}) for h in hosts]
+
+
+def _launched(mod, fn, bufs=None) -> list[str]:  # noqa: ANN001
     names: list[str] = []
     launch = mod._Run.launch
-    mod._Run.launch = lambda self, kernels: names.extend(k[1].__name__ for k in kernels)
+
+    def record(self, kernels):  # noqa: ANN001, ANN202
+        names.extend(k[1].__name__ for k in kernels)
+        if bufs is not None:
+            bufs.update(self.bufs)
+
+    mod._Run.launch = record
     try:
         fn()
     finally:
@@ -57,10 +73,12 @@ def test_launches_are_the_plan(name: str) -> None:
     plan = build_plan(ir, 64, 16)
     mod = load_chunk(ir)
     x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
-    # a stage with `fused` runs inside another stage's launch (or, "loads", inside every consumer's tile loads)
-    stages = list(dict.fromkeys(h for st in plan.stages() if (h := launch_of(st)) is not None))
-    want = [_fwd_kernel(h) for h in stages]
-    assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True)) == want
+    want = _want(plan)
+    bufs: dict = {}
+    assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == want
+    # with the output in the state pass's launch, H_n and U stay in registers: the host allocates neither
+    fused = plan.stage("output").attr("fused") == "state_pass"
+    assert (bufs["h_buf"].numel() == 1 and bufs["vn_buf"].numel() == 1) == fused
     # every kernel takes only operands its body uses, and far fewer than the shared parameter list
     for kernel, params in mod._KERNEL_ARGS.items():
         assert 0 < len(params) < 40, (kernel, params)
@@ -74,8 +92,10 @@ def test_launches_are_the_plan(name: str) -> None:
     assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     assert len(kept) == len(mod._KEPT_BUFFERS)
     do = torch.randn_like(out.o)
-    rerun = [_fwd_kernel(h) for h in dict.fromkeys(launch_of(st) for st in plan.stages() if st.kind in bp.recomputed)]
+    # the rerun of the state pass (without the output) stores H_n and U for the backward stages
+    rerun = _want(plan, bp.recomputed)
+    assert "chunk_state_pass_kernel" in rerun
     bwd = [BWD_KERNEL[k] for k in bp.kinds()]
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept)) == rerun + bwd
     # without what the forward kept, the backward reruns the whole forward plan but the output
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == [k for k in want if k != "chunk_output_kernel"] + bwd
+    assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd

@@ -1158,9 +1158,24 @@ def _kernels():
     ]
 
 
-_FORWARD_STAGES = tuple(k[0] for k in _kernels())
-# the backward plan: forward stages it reruns when the forward kept its per-token buffers, and those buffers
-_RECOMPUTED = ["decay_keys", "state_pass"]
+def _rerun_kernels(kept):
+    """(name, kernel, grid kind) of the forward stages the backward reruns: those whose buffers the forward did not
+    keep, or every stage but the output when it kept nothing. Each runs alone, so a state pass stores H_n and U
+    for the backward stages (the forward's may have the output fused in, and store neither)."""
+    if kept:
+        return [
+            ("decay_keys", chunk_decay_keys_kernel, "chunk"),
+            ("state_pass", chunk_state_pass_kernel, "state"),
+        ]
+    return [
+        ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("decay_keys", chunk_decay_keys_kernel, "chunk"),
+        ("state_pass", chunk_state_pass_kernel, "state"),
+    ]
+
+
+# the per-token buffers the training forward keeps for the backward plan
 _KEPT_BUFFERS = ["g_buf", "s_buf"]
 
 
@@ -1206,7 +1221,7 @@ def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_se
     inputs: tensors named as in the spec, [B, T, heads, channel] (FLA layout), bf16/fp16/fp32;
     initial_state: h = Sᵀ [N, HV, dk, dv] or a dict of states; returns RecurrenceOutput (states in fp32).
     """
-    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False, stages=_FORWARD_STAGES)[0]
+    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False, kernels=_kernels())[0]
 
 
 class _Run:
@@ -1281,7 +1296,6 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
-    b["vn_buf"] = (TT * HV * DV, dt)
     return b
 
 
@@ -1295,11 +1309,22 @@ def kept_like(B, T, H, HV, DK, DV, dt, device):
 def chunk_forward_train(inputs, *, initial_state=None, cu_seqlens=None, scale=None):
     """The forward of a training step: chunk_forward's result (final states included) and the per-token buffers
     the backward plan keeps (_KEPT_BUFFERS), to be passed back as chunk_backward(..., kept=...)."""
-    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, stages=_FORWARD_STAGES)
+    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, kernels=_kernels())
     return out, [run.bufs[n] for n in _KEPT_BUFFERS]
 
 
-def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, stages, kept=None):
+_TAKES = {}
+
+
+def _takes(kernels):
+    """The parameters the kernels of a launch list take, together (kept per list)."""
+    key = tuple(k[1].__name__ for k in kernels)
+    if key not in _TAKES:
+        _TAKES[key] = frozenset(a for n in key for a in _KERNEL_ARGS[n])
+    return _TAKES[key]
+
+
+def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1334,7 +1359,13 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     kept = dict(zip(_KEPT_BUFFERS, kept, strict=True)) if kept is not None else {}
     for n, (numel, dtype) in _token_buffers(TT, H, HV, HP, DK, DV, dt, keep).items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
-    bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
+    # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
+    # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
+    takes = _takes(kernels)
+    if "h_buf" in takes:
+        bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
+    if "vn_buf" in takes:
+        bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device)
     bufs["o_buf"] = o
     route = None
@@ -1352,7 +1383,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg)
-    run.launch([k for k in _kernels() if k[0] in stages])
+    run.launch(kernels)
     final = None
     if output_final_state:
         final = {"S": s_out}
@@ -1388,8 +1419,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     gradients of every initial state except n).
     """
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
-    stages = _RECOMPUTED if kept is not None else tuple(k for k in _FORWARD_STAGES if k != "output")
-    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, stages=stages, kept=kept)
+    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, kernels=_rerun_kernels(kept is not None),
+                        kept=kept)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
     device, dt = run.device, run.dt
