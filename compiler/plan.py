@@ -590,8 +590,13 @@ def _output_in_state_pass(b: _Builder) -> bool:
     its scores Q ⋆ A come from the interaction stage and its row operand Q ⊙ e^B from decay_keys, and its state pass
     already holds 234-255 registers at dk = 128, with no room for the output's [BT, BT] scores and [BT, BV]
     accumulator. So do the untied DPLR family (two streams, and per-channel decay only) and the residual route, whose
-    R = Z − (E ⊙ e^B) H_n − L′U adds a third product with H_n and the fp32 L′ tile to every step."""
-    return b.s.decay != "vector" and b.family != "untied" and b.s.route != "residual"
+    R = Z − (E ⊙ e^B) H_n − L′U adds a third product with H_n and the fp32 L′ tile to every step.
+
+    And only where the query and write key are 16-bit inputs: with a fp32 k̃ (PDN, exact ATK) or q̂ (CCQ, exact ATQ)
+    tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the shipped launch setting
+    and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there)."""
+    plain_operands = b.s.precond == "none" and b.s.read == "none"
+    return b.s.decay != "vector" and b.family != "untied" and b.s.route != "residual" and plain_operands
 
 
 # Order is data dependence; each rule decides from the Structure whether its stage appears.
