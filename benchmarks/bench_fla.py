@@ -43,12 +43,14 @@ SCALAR = ("simple_gla", "delta_rule", "gdn", "precond_gdn")
 VECTOR = ("gla", "kda", "gdn2", "precond_kda", "dplr")
 
 
-def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """FLA-convention inputs in bf16 (the gates are log-decays in (−∞, 0), β in (0, 1))."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0,
+                device: str = "cuda") -> dict[str, torch.Tensor]:
+    """FLA-convention inputs in bf16 (the gates are log-decays in (−∞, 0), β in (0, 1)); `device` "cpu" for
+    benchmarks/memory_trace.py."""
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
 
     bf = torch.bfloat16
     x = {"q": F.normalize(randn(B, T, H, D), dim=-1).to(bf), "k": F.normalize(randn(B, T, H, D), dim=-1).to(bf),

@@ -396,7 +396,10 @@ def rule_precond_diag(b: _Builder) -> None:
     heads = "H" if d.heads == "key" else "HV"
     out = _precond_output(b)
     bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "A0": "A0"}
-    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32")],
+    # An: the statistic's value at every chunk's start (a training forward writes it): the backward re-forms every
+    # token's statistic from it, chunk-parallel, where it reads it (8 B per token and head instead of 512)
+    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
+                                                 b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
@@ -473,7 +476,8 @@ def rule_interaction(b: _Builder) -> None:
     bind = {"Q": _q_read(b), "E": b.op("e"), "F": b.op("f"), "Wk": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
     mats = (("Aef", "E", "F", "strict"), ("Aew", "E", "Wk", "strict"), ("Aqf", "Q", "F", "inclusive"),
             ("Aqw", "Q", "Wk", "inclusive"))
-    outs = [b.new(m[0], MATRIX, "fp32") for m in mats]
+    # E⋆⁻F stays in registers for the fused solve; the three others are matmul operands, held in the input dtype
+    outs = [b.new(m[0], MATRIX, "fp32" if m[0] == "Aef" else "in") for m in mats]
     mats = tuple((o.name, *m[1:]) for o, m in zip(outs, mats, strict=True))
     b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
 
@@ -482,12 +486,13 @@ def rule_triangular_solve(b: _Builder) -> None:
     if b.family == "additive":
         return
     if b.family == "tied":
+        # Ai is held in the input dtype (formed in fp32): it is read only as a matmul operand, rounded to it anyway
         b.add("triangular_solve", "triangular_solve", {"L": b.op("L"), "beta": b.op("beta")},
-              [b.new("Tm", MATRIX, "fp32")], family="tied",
+              [b.new("Tm", MATRIX, "in")], family="tied",
               form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1",
               fused="interaction")  # the 16×16 blocks of L' never leave registers
     else:
-        b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "fp32")],
+        b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "in")],
               family="untied", form="(I - Aef)^-1",
               fused="interaction")  # as for the tied family: E⋆⁻F's 16×16 blocks never leave registers
 
@@ -535,7 +540,8 @@ def rule_state_pass(b: _Builder) -> None:
     outs = []
     if b.family != "additive":
         outs.append(b.new("U", "[B,T,HV,dv]", "in"))
-    # H_n per chunk in the input dtype, as FLA's h: its readers feed it to tensor-core dots in that dtype anyway
+    # H_n is carried in fp32 and stored per chunk in the input dtype, as FLA's h (the output's and the backward's
+    # tensor-core operand in that dtype anyway)
     outs += [b.new("Hn", "[B,NT,HV,dk,dv]", "in"), b.new("S_final", "[N,HV,dk,dv]", "fp32")]
     streams = _streams(b)
     bind: dict[str, str | None] = {}
@@ -701,12 +707,14 @@ class BackwardPlan:
     """What the chunked backward keeps, what it recomputes and which stages it runs, in launch order.
 
     saved:      operands kept from the forward call: the spec's inputs and initial states;
-    kept:       forward stages whose per-token buffers the forward call also returns for the backward
-                (normalised q/k, the gate cumsum, the statistic, L', the solve's Ai, W, Ũ): their size is
+    kept:       forward stages whose buffers the forward call also returns for the backward (normalised q/k,
+                the gate cumsum, k̃ and the statistic's chunk-start carries, L', the solve's Ai, W, Ũ): their size is
                 fixed by the input shapes, so the forward op can return them; `kept_bytes` is their size per
                 token and value head at dk = dv = 128, bf16 (the memory model's price for not recomputing);
     recomputed: forward stages rerun at the start of the backward (per-chunk operands: H_n and U from the
-                state pass, the CCQ chunk sums), plus every stage of `kept` when the forward kept nothing;
+                state pass, the CCQ chunk sums; the decayed keys) or evaluated on loads (gates), plus every stage
+                of `kept` when the forward kept nothing;
+    memory:     the memory model's decision per forward stage kind (memory_model): kept operands, cost, why;
     stages:     the backward stages; each reads adjoints produced by earlier ones (or given: dO, the
                 final-state and route gradients) and the recomputed forward operands named in `reads`.
     """
@@ -717,6 +725,7 @@ class BackwardPlan:
     stages: tuple[Stage, ...]
     kept: tuple[str, ...] = ()
     kept_bytes: int = 0
+    memory: tuple[MemoryDecision, ...] = ()
 
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages]
@@ -775,13 +784,13 @@ def _bwd_scores(p: Plan) -> Stage | None:
                 Operand("dAew", MATRIX, "fp32"))
         form = "dAqf = scale mask(dO U^T), dAqw = scale mask(dO V'^T); dY = T^T dU, dAef = mask(dY U^T), dAew = mask(dY V'^T)"
         return Stage("bwd_scores", "bwd_scores", ("dO", "dU"), outs,
-                     (("form", form), ("reads", ("state_pass.U", "triangular_solve.T"))))
+                     (("form", form), ("reads", ("state_pass.U", "triangular_solve.Tm"))))
     delta = p.family == "tied"
     residual = p.structure.route == "residual"
     outs = [Operand("dSqa", MATRIX, "fp32")]
     if delta:
         outs += [Operand("dL", MATRIX, "fp32"), Operand("dbeta_c", "[B,T,HV]", "fp32")]
-    reads = ("state_pass.U",) + (("triangular_solve.T", "interaction.L") if delta else ())
+    reads = ("state_pass.U",) + (("triangular_solve.Tm", "interaction.L") if delta else ())
     form = "dSqa = scale mask(dO U^T)" + ("; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" if delta else "") + \
         (" - dR U^T" if residual else "") + ("; dbeta_c = sum dY Z + sum dM L'" if delta else "")
     ins = ("dO", "dU") + (("dR",) if residual else ())
@@ -824,7 +833,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
         form = "dY = T^T dU; dq, de, df, dw = per-token terms + pair shares; dV' = dV_state + scale Aqw^T dO + Aew^T dY; " + \
             "dg = reverse cumsum of db" + (" + strict reverse cumsum of dbx = e de" if excl else "")
         attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", ("state_pass.Hn", "state_pass.U",
-                                                                          "triangular_solve.T", "interaction.Aew",
+                                                                          "triangular_solve.Tm", "interaction.Aew",
                                                                           "interaction.Aqw")))
         if p.elementwise_grads:
             attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
@@ -840,7 +849,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
     # L' = E ⋆⁻ A: read back where the residual route keeps it anyway; with a scalar or no decay each key block
     # re-forms its share, one masked 64×64 product (no kept fp32 L'); per-channel decay reads it in bwd_scores
     reads_l = delta and not vec and p.structure.route == "residual"
-    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.T",) if delta else ()) + \
+    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta else ()) + \
         (("interaction.L",) if reads_l else ())
     if vec:  # the c×c parts came from bwd_scores and bwd_intra
         form = ("dY = Ai^T dU, dZ = beta dY; " if delta else "dZ = beta dU; ") + "adds the pair gradients of bwd_intra" + \
@@ -874,11 +883,13 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
     if not p.find("precond_diag"):
         return None
     heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
+    # A_t: every token's statistic, re-formed per chunk from the kept chunk-start carries (as the forward formed it),
+    # for this stage and the chain rule after it
     outs = (Operand("dinc", f"[B,T,{heads},dk]", "fp32"), Operand("ddec", f"[B,T,{heads}]", "fp32"),
-            Operand("dA0", f"[N,{heads},dk]", "fp32"))
+            Operand("dA0", f"[N,{heads},dk]", "fp32"), Operand("A_t", f"[B,T,{heads},dk]", "fp32"))
     return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw", "dA_final"), outs,
-                 (("form", "reverse decayed cumsum of the statistic's adjoint"), ("reads", ("precond_diag.A_t",)),
-                  ("sequential", "chunks, reversed")))
+                 (("form", "A_t = e^c A_n + Lambda (stat) per chunk; reverse decayed cumsum of the statistic's adjoint"),
+                  ("reads", ("precond_diag.An",)), ("sequential", "chunks, reversed")))
 
 
 def _bwd_precond_exact(p: Plan) -> Stage | None:
@@ -929,57 +940,195 @@ BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
 
 def build_backward_plan(plan: Plan) -> BackwardPlan | None:
     """The chunked backward of `plan`, or None where no chunk backward exists (the untied DPLR family without a
-    per-channel decay keeps the recurrent backward)."""
+    per-channel decay keeps the recurrent backward). What it keeps and what it recomputes: `memory_model`."""
     if plan.family == "untied" and plan.structure.decay != "vector":
         return None
     stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
-    kinds = tuple(dict.fromkeys(k for k in plan.kinds() if k != "output"))
-    kept = tuple(k for k in kinds if k in KEPT_KINDS)
-    recomputed = tuple(k for k in kinds if k not in KEPT_KINDS)
-    kept_bytes = sum(bytes_per_token(o) for _, outs in _kept_outputs(plan, kept, stages) for o in outs)
-    bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept, kept_bytes)
+    memory = memory_model(plan, stages)
+    kept = tuple(m.kind for m in memory if not m.recompute)
+    recomputed = tuple(m.kind for m in memory if m.recompute)
+    bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept,
+                      sum(m.kept_bytes for m in memory), memory)
     typecheck_backward(plan, bp)
     return bp
 
 
-def _kept_outputs(plan: Plan, kept: tuple[str, ...], stages: tuple[Stage, ...]) -> list[tuple[Stage, tuple[Operand, ...]]]:
-    # the kept stages' outputs, but L' where no backward stage reads it back (bwd_grads re-forms it)
+# --- the memory model: what the backward keeps from the forward, what it forms again, and why -----------------------
+# The backward runs in three phases, in launch order: the state passes (the forward's state pass rerun, bwd_local_values,
+# the reverse state pass); the chunk gradients (bwd_scores, bwd_intra, bwd_grads), where H_n, dH_n, dU, the score and
+# pair gradients and the chunk-operand adjoints are all live: the step's peak; the chain rule (the preconditioner's
+# and the curvature read's reverse passes, bwd_inputs). The host frees every buffer after the last kernel that reads
+# it, the kept ones too (the eager path hands them to the backward), so a kept output costs memory at the peak
+# exactly when a stage at or after the chunk gradients reads it; what only the state passes read is gone by then,
+# kept or recomputed, and recomputing it shortens only what a training forward holds until its backward (per layer,
+# in a model).
+BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
+PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_grads": 1,
+            "bwd_curvature_query": 2, "bwd_precond_diag": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2,
+            "bwd_inputs": 2}
+PEAK_PHASE = 1
+
+# What rerunning a forward stage in the backward costs, cheapest first: evaluated on its consumers' tile loads (no
+# launch, nothing stored); one elementwise pass over its inputs; per-chunk matmuls; per-chunk matmuls and the 16×16
+# triangular solve; a scan along the sequence (sequential over chunks, parallel over heads and channels); the state
+# pass (sequential over chunks with a dk × dv carry). H200, reference shape (benchmarks/latest.json, pgdn / pkda):
+# l2norm 0.065 ms, wy 0.085 / 0.122, interaction 0.136 / 0.698, precond_diag 0.33, state pass 0.42 / 0.34 (two calls).
+RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan", "state_pass")
+CHEAP = "elementwise"  # the dearest class a stage read only before the peak is rerun at (a pass per step, no more)
+RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
+                  "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
+                  "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",
+                  "curvature_query": "scan", "state_pass": "state_pass"}
+
+# The last backward phase that reads a forward operand: the WY operands (W: the reverse state pass; Ũ: the rerun of
+# the forward's), the decayed keys (the state passes) and the decayed scores Q⋆A (bwd_local_values) only the state
+# passes; every other operand is read by the chunk gradients or later. Keyed by operand name (one the builder suffixed
+# with "_", to avoid a spec input's name, by its base). tests/test_plan_launch.py holds this against the operands of
+# the generated kernels.
+LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0}
+
+
+def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:
+    """The last backward phase reading the stored outputs of a forward stage kind (of all its outputs where none is
+    stored)."""
+    outs = [o for st in sts for o in st.outputs if _stored(p, st, o, read)] or [o for st in sts for o in st.outputs]
+    return max(LAST_READ_PHASE.get(o.name.rstrip("_"), PEAK_PHASE) for o in outs)
+
+
+@dataclass(frozen=True)
+class MemoryDecision:
+    """What the backward does with one forward stage kind's outputs. kept: the operands a training forward returns
+    for the backward (all of them per token or per chunk, priced by bytes_per_token); recompute: the backward reruns
+    the stage's launch instead; why: the rule that decided."""
+
+    kind: str
+    cost: str
+    kept: tuple[Operand, ...]
+    recompute: bool
+    why: str
+    last_read: int
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(bytes_per_token(o) for o in self.kept)
+
+
+def _stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
+    """Whether a forward stage's output exists in memory at all. Not where it is evaluated on its consumers' loads or
+    accumulated inside its consumer's scan (the statistic's decay cumsum); not the exclusive cumsum b_(t-1) (the
+    kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
+    no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_grads re-forms
+    its share of a scalar-decay L'); not a final state (a result)."""
+    if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused")) or o.dims[0] == "N":
+        return False
+    if st.kind == "chunk_cumsum" and o is not st.outputs[0]:
+        return False
+    consumers = [c for c in p.stages() if o.name in c.inputs]
+    in_launch = consumers and all(c.attr("fused") == st.kind for c in consumers)
+    return not (in_launch and f"{st.kind}.{o.name}" not in read)
+
+
+# Per-chunk operands a reverse pass reads that the forward plan does not list (a rerun of the stage forms them).
+PER_CHUNK_INTERNALS = {"curvature_query": "sums C_n, m_n (dk×dk per chunk and head)"}
+
+
+def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
+    big = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and o.dims[-2:] in (("dk", "dv"), ("dk", "dk"))]
+    if big:
+        o = big[0]
+        return (f"its per-chunk {o.name} ({bytes_per_token(o)} B, {'×'.join(o.dims[-2:])} per chunk and head) would "
+                "outweigh any per-token buffer: rerun for the reverse passes")
+    inner = PER_CHUNK_INTERNALS.get(sts[0].kind)
+    if inner is not None:
+        return f"the reverse pass reads its per-chunk {inner}: rerun to form them, not kept"
+    feeds = [i for st in sts for i in st.inputs
+             if (q := p.producer(i)) is not None and q.kind in rerun and q.out(i).dims[:2] == ("B", "NT")]
+    if feeds:
+        return f"it reads {feeds[0]}, which the backward forms again: rerun after it"
+    return None
+
+
+def _on_loads(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
+    if all(st.attr("fused") == "loads" for st in sts):
+        return "evaluated on every consumer's tile loads: never stored"
+    return None
+
+
+def _cheap_before_peak(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
+    kind = sts[0].kind
+    cheap = RECOMPUTE_COSTS.index(RECOMPUTE_COST[kind]) <= RECOMPUTE_COSTS.index(CHEAP)
+    if cheap and last_read_phase(p, sts, read) < PEAK_PHASE:
+        return (f"{RECOMPUTE_COST[kind]}, read only by the state passes: rerun there, it is not held from the forward "
+                "to the backward")
+    return None
+
+
+def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
+    kind = sts[0].kind
+    cost = RECOMPUTE_COST[kind]
+    if not any(_stored(p, st, o, read) for st in sts for o in st.outputs):
+        again = (f": bwd_grads re-forms its share of {sts[0].outputs[0].name} (one masked product per key block)"
+                 if kind == "interaction" else "")
+        return f"{cost}, not rerun; nothing of it is stored{again}"
+    carries = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and len(o.dims) == 4]
+    if carries:
+        return (f"{cost}: kept; its per-token statistic is not: the carries {carries[0].name} "
+                f"({bytes_per_token(carries[0])} B) at each chunk's start let bwd_precond_diag re-form it, after the "
+                "peak, where only the chain rule reads it")
+    if last_read_phase(p, sts, read) < PEAK_PHASE:
+        return f"{cost}: read only by the state passes, freed before the peak whether kept or rerun: kept (no launch)"
+    if cost == "elementwise":
+        return "elementwise, but read by the chunk gradients or later: rerun, it would be live at the peak too: kept"
+    return f"{cost}: read at the peak or later, and rerunning costs more than holding it: kept"
+
+
+# Ordered: the first rule that decides (returns why) recomputes the stage; a stage no rule recomputes is kept.
+MEMORY_RULES: tuple[Callable[[Plan, list[Stage], set[str], set[str]], str | None], ...] = (
+    _on_loads, _per_chunk, _cheap_before_peak)
+
+
+def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision, ...]:
+    """Per forward stage kind but the output, in the plan's order: keep or recompute, the kept operands and why."""
     read = {r for st in stages for r in st.attr("reads", ())}
-
-    def returned(st: Stage, o: Operand) -> bool:
-        return not (st.kind == "interaction" and o.name == "L" and "interaction.L" not in read)
-
-    return [(st, tuple(o for o in st.outputs if returned(st, o))) for st in plan.stages() if st.kind in kept]
+    rerun: set[str] = set()
+    out = []
+    for kind in dict.fromkeys(k for k in plan.kinds() if k != "output"):
+        sts = plan.find(kind)
+        why = next((w for rule in MEMORY_RULES if (w := rule(plan, sts, rerun, read)) is not None), None)
+        kept: tuple[Operand, ...] = ()
+        if why is not None:
+            rerun.add(kind)
+        else:
+            why = _kept(plan, sts, rerun, read)
+            kept = tuple(o for st in sts for o in st.outputs if _stored(plan, st, o, read))
+        out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, kind in rerun, why, last_read_phase(plan, sts, read)))
+    return tuple(out)
 
 
 def kept_outputs(plan: Plan, bp: BackwardPlan) -> list[tuple[Stage, tuple[Operand, ...]]]:
     """Per forward stage the backward keeps, the outputs a training forward returns for it (their bytes per token sum
     to `bp.kept_bytes`)."""
-    return _kept_outputs(plan, bp.kept, bp.stages)
+    kept = {o.name for m in bp.memory for o in m.kept}
+    return [(st, tuple(o for o in st.outputs if o.name in kept)) for st in plan.stages() if st.kind in bp.kept]
 
 
-# Forward stages whose outputs are per token (size fixed by the input shapes): the forward returns them to
-# the backward instead of the backward rerunning them. The state pass (H_n: per chunk) and the curvature
-# query (per-chunk sums) are rerun; they are sequential over chunks and cheap next to what they would cost
-# in memory (H_n is dk·dv per chunk and head).
-KEPT_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "interaction", "triangular_solve", "wy")
 _DIM_AT_REFERENCE = {"dk": 128, "dv": 128, "C": 64}
 
 
 def bytes_per_token(op: Operand) -> int:
-    """Bytes per token and head of a token-level operand at dk = dv = 128 (bf16 for "in", 4 for fp32); 0 for
-    per-sequence operands (final states)."""
+    """Bytes per token and head of a token-level or per-chunk operand at dk = dv = 128 (2 for "in": bf16, 4 for fp32);
+    a per-chunk operand counts its values over the chunk's C tokens (a C×C matrix: C per token; H_n: dk·dv / C);
+    0 for per-sequence operands (final states)."""
     d = op.dims
     if d[:2] == ("B", "T"):
-        inner = d[3:]
-    elif d[:2] == ("B", "NT") and d[-2:] == ("C", "C"):
-        inner = ("C",)  # a per-chunk C×C matrix is C values per token
+        n, per = 1, 1
+    elif d[:2] == ("B", "NT"):
+        n, per = 1, _DIM_AT_REFERENCE["C"]
     else:
         return 0
-    n = 1
-    for x in inner:
+    for x in d[3:]:
         n *= _DIM_AT_REFERENCE.get(x, 1)
-    return n * (2 if op.dtype == "in" else 4)
+    return n * (2 if op.dtype == "in" else 4) // per
 
 
 def typecheck_backward(plan: Plan, bp: BackwardPlan) -> None:
@@ -1180,6 +1329,11 @@ def format_plan(plan: Plan) -> str:
     lines.append("  backward (chunked): saves " + ", ".join(bp.saved) + "; keeps from the forward "
                  + (", ".join(bp.kept) or "-") + f" ({bp.kept_bytes} B per token and head at dk = dv = 128)"
                  + "; recomputes " + (", ".join(bp.recomputed) or "-"))
+    lines.append(f"  memory model (B per token and head at dk = dv = 128; the peak: the {BACKWARD_PHASES[PEAK_PHASE]}):")
+    for m in bp.memory:
+        action = "on loads" if m.cost == "loads" else "rerun" if m.recompute else "keep"
+        names = ", ".join(f"{o.name} {bytes_per_token(o)}" for o in m.kept) or "-"
+        lines.append(f"    {action:<8} {m.kind:<16} {m.kept_bytes:>5} B  ({names})  {m.why}")
     for st in bp.stages:
         outs = ", ".join(str(o) for o in st.outputs)
         attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None)

@@ -186,8 +186,9 @@ def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, 
     assert isinstance(A, torch.Tensor)
     A = _expand_heads(A, ctx.G if key_heads else 1)  # [B, HV, dk]
     sym = ctx.symbols(st, vals)
-    pieces = []
+    pieces, carries = [], []
     for _, s, e, x in _chunks_of(ctx, vals, st, "k", "q", "inc", "bP"):
+        carries.append(A)  # the chunk-start statistic (An: what a training forward keeps for the backward)
         inc = x["inc"].expand(*x["k"].shape)  # type: ignore[union-attr]
         bP = x["bP"]
         if bP is None:
@@ -206,7 +207,7 @@ def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, 
         else:
             pieces.append(scale * x["q"].transpose(1, 2))  # type: ignore[union-attr]
     A_fin = A[:, ::ctx.G] if key_heads else A
-    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin}
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin, st.outputs[2].name: carries}
 
 
 def eliminate(M: torch.Tensor, KP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

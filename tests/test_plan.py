@@ -472,6 +472,30 @@ def test_backward_plan(name):
     assert "backward (chunked)" in format_plan(p)
 
 
+@pytest.mark.parametrize("name", ["pgdn", "pkda"])
+def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
+    """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept (8 B per token
+    and head for the carries, not 512 for the per-token statistic), which bwd_precond_diag re-forms after the chunk
+    gradients, for bwd_inputs; the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the
+    state passes (freed before the peak); H_n is rerun; the printed model names every decision."""
+    from dgps.compiler.plan import PEAK_PHASE, build_backward_plan, bytes_per_token
+
+    p = plan(name)
+    bp = build_backward_plan(p)
+    assert bp is not None
+    m = {d.kind: d for d in bp.memory}
+    assert [o.name for o in m["precond_diag"].kept] == ["kw", "An"] and m["precond_diag"].kept_bytes == 520
+    assert m["gates"].recompute and m["gates"].cost == "loads" and not m["gates"].kept
+    assert not m["wy"].recompute and m["wy"].last_read < PEAK_PHASE
+    assert m["state_pass"].recompute and "state_pass" in bp.recomputed
+    assert bp.kept_bytes == sum(bytes_per_token(o) for d in bp.memory for o in d.kept)
+    pd = next(st for st in bp.stages if st.kind == "bwd_precond_diag")
+    assert "A_t" in pd.output_names and pd.attr("reads") == ("precond_diag.An",)
+    assert "A_t" in next(st for st in bp.stages if st.kind == "bwd_inputs").inputs
+    text = format_plan(p)
+    assert "memory model" in text and all(d.why in text for d in bp.memory)
+
+
 def test_backward_plan_typecheck_catches_a_missing_adjoint():
     from dgps.compiler.plan import BackwardPlan, build_backward_plan, typecheck_backward
 

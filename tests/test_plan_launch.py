@@ -92,10 +92,41 @@ def test_launches_are_the_plan(name: str) -> None:
     assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     assert len(kept) == len(mod._KEPT_BUFFERS)
     do = torch.randn_like(out.o)
-    # the rerun of the state pass (without the output) stores H_n and U for the backward stages
+    # the rerun of the state pass (without the output) stores H_n and U for the backward stages (a stage evaluated on
+    # its consumers' loads, recomputed there, launches nothing)
     rerun = _want(plan, bp.recomputed)
     assert "chunk_state_pass_kernel" in rerun
     bwd = [BWD_KERNEL[k] for k in bp.kinds()]
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept)) == rerun + bwd
     # without what the forward kept, the backward reruns the whole forward plan but the output
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
+
+
+# the host buffers of forward stages the backward reruns (the kept ones: codegen.chunk._kept_buffers)
+_RERUN_BUFFERS = {"decay_keys": ("kg_buf", "qg_buf", "wg_buf"), "state_pass": ("h_buf", "vn_buf")}
+
+
+@pytest.mark.parametrize("name", CHUNK)
+def test_memory_model_matches_the_kernels(name: str) -> None:
+    """The plan's memory model against the generated module: the bytes the training forward keeps are the plan's
+    kept_bytes (dk = dv = 128, per token and head), and the last backward phase reading each forward stage's buffers
+    is the one the model prices them by (LAST_READ_PHASE: at the peak or later, or only in the state passes)."""
+    from dgps.compiler.plan import PEAK_PHASE, PHASE_OF
+
+    ir = dgps.load(SPEC_DIR / f"{name}.dgps").ir
+    if not supports_chunk_backward(ir)[0]:
+        return
+    plan = build_plan(ir, 64, 16)
+    bp = build_backward_plan(plan)
+    mod = load_chunk(ir)
+    T = 64 * 64
+    kept = mod.kept_like(1, T, 1, 1, 128, 128, torch.bfloat16, "cpu")
+    nbytes = sum(t.numel() * t.element_size() for t in kept) / T
+    assert abs(nbytes - bp.kept_bytes) <= 0.02 * bp.kept_bytes + 1, (nbytes, bp.kept_bytes)  # An's chunk-count bound
+    phase = {kernel: PHASE_OF[kind] for kind, kernel in BWD_KERNEL.items()}
+    order = [k[1].__name__ for k in mod._bwd_kernels()]
+    for m in bp.memory:
+        bufs = _kept_buffers(ir, m.kind, backward_reads_l(plan)) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())
+        readers = [phase[k] for k in order for b in bufs if b in mod._KERNEL_ARGS[k]]
+        if readers:
+            assert (max(readers) >= PEAK_PHASE) == (m.last_read >= PEAK_PHASE), (m.kind, bufs, readers)

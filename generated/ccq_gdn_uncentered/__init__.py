@@ -117,7 +117,8 @@ def _(
         outs.append(q.new_empty(v.shape))
     if keep:
         B, T, H, DK = q.shape
-        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device)
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device, N)
     return outs
 
 
@@ -180,6 +181,13 @@ def _output_likes(tensors) -> list[torch.Tensor]:  # noqa: ANN001
 torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
 
 
+def _saved_tensor_hooks() -> bool:
+    """Whether saved-tensor hooks are active (torch.autograd.graph.saved_tensors_hooks); True where this torch cannot
+    say (a private API: without it, every kept buffer goes through save_for_backward)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
 class _Eager(torch.autograd.Function):
     """The eager training path: _forward_impl and _backward_impl under a plain autograd.Function."""
 
@@ -188,7 +196,12 @@ class _Eager(torch.autograd.Function):
         outs = _forward_impl(*tensors, cu_seqlens, scale, keep)
         kept = outs[_N_OUT:]
         ctx.mark_non_differentiable(*kept)
-        ctx.save_for_backward(*tensors, *kept)
+        # The kept buffers go to the backward in a list it consumes (chunk_backward frees each after its last reader:
+        # W and Ũ are dead after the reverse state pass, long before the chunk gradients' peak), unless saved-tensor
+        # hooks are active (activation checkpointing, CPU offload): those must see every saved tensor, so there
+        # they go through save_for_backward and stay held until the backward returns.
+        ctx.kept = list(kept) if kept and not _saved_tensor_hooks() else None
+        ctx.save_for_backward(*tensors, *(kept if ctx.kept is None else ()))
         ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: no zeros are built
         return tuple(outs)
@@ -197,6 +210,8 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
         saved = ctx.saved_tensors
         tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+        if ctx.kept is not None:  # one backward owns them; a second one (retain_graph) recomputes the forward
+            kept, ctx.kept = ctx.kept, None
         do = grads[0] if grads[0] is not None else torch.zeros_like(_output_likes(tensors)[0])
         d_states = {s: g for s, g in zip(STATES, grads[1:1 + len(STATES)], strict=True) if g is not None}
         d_route = grads[1 + len(STATES)] if ROUTE != "none" else None

@@ -665,7 +665,7 @@ _INPUTS = ["q", "k", "v"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "cn_buf", "mn_buf",
+            "stat_buf", "an_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
@@ -819,18 +819,20 @@ class _Run:
 _LAUNCH_LISTS = {}
 
 
-def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
+def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic)."""
+    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
+    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
     f32 = torch.float32
     b = {}
     return b
 
 
-def kept_like(B, T, H, HV, DK, DV, dt, device):
-    """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake)."""
+def kept_like(B, T, H, HV, DK, DV, dt, device, N=None):
+    """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake); N: the
+    number of sequences (B without cu_seqlens)."""
     HP = H if False else HV
-    sizes = _token_buffers(B * T, H, HV, HP, DK, DV, dt, True)
+    sizes = _token_buffers(B * T, B if N is None else N, H, HV, HP, DK, DV, dt, True)
     return [torch.empty(sizes[n][0], dtype=sizes[n][1], device=device) for n in _KEPT_BUFFERS]
 
 
@@ -885,7 +887,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
     kept = dict(zip(_KEPT_BUFFERS, kept, strict=True)) if kept is not None else {}
-    for n, (numel, dtype) in _token_buffers(TT, H, HV, HP, DK, DV, dt, keep).items():
+    for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
@@ -894,8 +896,9 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if "vn_buf" in takes:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
-    o = torch.empty(B, T, HV, DV, dtype=dt, device=device)
-    bufs["o_buf"] = o
+    # the backward's rerun of the forward has no output stage: no o
+    o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
+    bufs["o_buf"] = o if o is not None else dummy_dt
     route = None
     bufs["s0"] = st["S"]
     s_out = torch.empty_like(st["S"]) if output_final_state else dummy
@@ -928,6 +931,61 @@ def _bwd_kernels():
     ]
 
 
+def _launch_backward(run, kernels, make, results, alloc):
+    """Launch the backward's kernels in order, each buffer of `make` allocated right before the first kernel that
+    names it (_KERNEL_ARGS: the operands its body uses) and every buffer of the run dropped right after the last
+    one, except `results` (the host reads them afterwards). The forward's buffers too: what the forward kept is
+    still held by the autograd context where saved-tensor hooks are active, but otherwise it goes, like the
+    recomputed ones (H_n, U, the decayed keys), as soon as it is dead. Kernels between two allocations that follow a
+    free launch as one list (one host call)."""
+    bufs = run.bufs
+    key = (tuple(k[0] for k in kernels), tuple(make), tuple(results), tuple(bufs))
+    schedule = _SCHEDULES.get(key)
+    if schedule is None:
+        if len(_SCHEDULES) > 256:
+            _SCHEDULES.clear()
+        schedule = _SCHEDULES[key] = _backward_schedule(kernels, make, results, bufs)
+    drop, segments = schedule
+    for n in drop:
+        del bufs[n]
+    for new, segment, dead in segments:
+        for n in new:
+            bufs[n] = alloc(*make[n])
+        run.launch(segment)
+        for n in dead:
+            del bufs[n]
+
+
+_SCHEDULES = {}
+
+
+def _backward_schedule(kernels, make, results, present):
+    """(buffers read by no backward kernel, [(buffers to allocate, kernels, buffers dead after them)]): a segment ends
+    before a kernel that needs a new buffer where buffers died in it, so that the new one can take their memory."""
+    used = [_KERNEL_ARGS[k[1].__name__] for k in kernels]  # in parameter order: allocations in a fixed order
+    last = {}
+    for i, names in enumerate(used):
+        for n in names:
+            last[n] = i
+    keep = set(results)
+    live = [n for n in present if n in last and n not in keep]
+    drop = [n for n in present if n not in last and n not in keep]
+    segments, new, pending, allocated = [], [], [], set()
+    for i, k in enumerate(kernels):
+        fresh = [n for n in used[i] if n in make and n not in allocated]
+        dead = [n for n in live if last[n] < i]
+        if fresh and pending and dead:
+            segments.append((new, pending, dead))
+            live = [n for n in live if n not in dead]
+            new, pending = [], []
+        new += fresh
+        allocated.update(fresh)
+        live += [n for n in fresh if n not in keep and n not in live]
+        pending.append(k)
+    segments.append((new, pending, live))
+    return drop, segments
+
+
 def _group_sum(g, dim, H, HV):
     """Sum a value-head axis of size HV over the groups of HV // H heads that share a key head."""
     if H == HV:
@@ -941,11 +999,14 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     """Gradients of `la` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
-    gradients of every initial state except n).
+    gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
+    each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
     """
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, kernels=_rerun_kernels(kept is not None),
                         kept=kept)
+    if isinstance(kept, list):
+        kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
     device, dt = run.device, run.dt
@@ -978,20 +1039,16 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["do_buf"] = do.contiguous()
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
-    bufs["dul_buf"] = buf(TT * HV * DV)
-    bufs["dh_buf"] = buf(NT * HV * DK * DV, dt)
-    bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
-    bufs["ds0"] = buf(N * HV * DK * DV)
-    # the reverse state pass first; dU_local is dead after it, so the buffers of the later stages are
-    # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
-    kernels = _bwd_kernels()
-    first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
-    run.launch(first)
-    del bufs["dul_buf"]
+    # The backward's own buffers, name -> (numel, dtype): _launch_backward allocates each right before the first
+    # kernel that names it and drops it after the last one, so that a phase's buffers take what the earlier
+    # phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads).
+    fp32 = torch.float32
+    make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
+            "ds0": (N * HV * DK * DV, fp32)}
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
-        bufs[n] = buf(TT * HV * DK)
+        make[n] = (TT * HV * DK, fp32)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
@@ -1000,8 +1057,10 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         rows = NT if d.is_param else TT
         # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
         direct = not d.is_param and (d.heads != "key" or H == HV)
-        bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
-    run.launch([k for k in kernels if k not in first])
+        make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
+    # what the host reads after the last kernel: the gradients and the initial states' adjoints
+    results = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
+    _launch_backward(run, _bwd_kernels(), make, results, buf)
 
     grads = {}
     for n in _INPUTS:

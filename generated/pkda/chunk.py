@@ -177,9 +177,9 @@ def chunk_cumsum_kernel(
 # Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
 @triton.jit
 def chunk_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, stat_buf, cu_seqlens, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
-    KEEP: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -192,6 +192,7 @@ def chunk_precond_diag_kernel(
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
@@ -200,6 +201,8 @@ def chunk_precond_diag_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = rows < eos
+            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
+                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -215,8 +218,6 @@ def chunk_precond_diag_kernel(
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
             _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
-            if KEEP:  # the backward reads the statistic of every token
-                tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
@@ -230,6 +231,8 @@ def chunk_precond_diag_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = rows < eos
+            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
+                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -245,8 +248,6 @@ def chunk_precond_diag_kernel(
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
             _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
-            if KEEP:  # the backward reads the statistic of every token
-                tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_r[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
@@ -1455,11 +1456,13 @@ def chunk_bwd_grad_kernel(
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
 #   channels is written per block (NKP partial sums, added up where the chain rule reads it).
 #   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
+#   𝒜 itself is re-formed per chunk from the forward's chunk-start carry A_n, as the forward formed it, and stored
+#   for bwd_inputs: the backward allocates it after the chunk gradients, not from the forward onwards.
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens, TT, H: tl.constexpr,
-    HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens,
+    chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1472,6 +1475,7 @@ def chunk_bwd_precond_diag_kernel(
     i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -1482,7 +1486,6 @@ def chunk_bwd_precond_diag_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -1490,6 +1493,15 @@ def chunk_bwd_precond_diag_kernel(
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it (the same scan on the same
+            # values: the decay adjoint's 𝒜 − increment below cancels where the increment dominates, so a differently rounded
+            # 𝒜 would show there)
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
             b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
@@ -1500,8 +1512,6 @@ def chunk_bwd_precond_diag_kernel(
             b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BT) - 1
-            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
             # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
             rows1 = rows + 1
@@ -1514,7 +1524,7 @@ def chunk_bwd_precond_diag_kernel(
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the chunk before: e^{c_first} Ā_first
-            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
             i_tc -= 1
     else:
@@ -1525,7 +1535,6 @@ def chunk_bwd_precond_diag_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -1533,6 +1542,15 @@ def chunk_bwd_precond_diag_kernel(
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it (the same scan on the same
+            # values: the decay adjoint's 𝒜 − increment below cancels where the increment dominates, so a differently rounded
+            # 𝒜 would show there)
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
             b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
@@ -1543,8 +1561,6 @@ def chunk_bwd_precond_diag_kernel(
             b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BT) - 1
-            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
             # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
             rows1 = rows + 1
@@ -1557,7 +1573,7 @@ def chunk_bwd_precond_diag_kernel(
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the chunk before: e^{c_first} Ā_first
-            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * tl.exp2(b_c)[:, None], 0.), 0)
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
@@ -1643,7 +1659,7 @@ _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "cn_buf", "mn_buf",
+            "stat_buf", "an_buf", "cn_buf", "mn_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
@@ -1657,7 +1673,7 @@ _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", 
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'stat_buf', 'cu_seqlens', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_decay_keys_kernel': ('p_q', 'g_buf', 'kt_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1668,7 +1684,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1707,7 +1723,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["g_buf", "kt_buf", "stat_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["g_buf", "kt_buf", "an_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1818,16 +1834,17 @@ class _Run:
 _LAUNCH_LISTS = {}
 
 
-def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
+def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic)."""
+    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
+    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
     f32 = torch.float32
     b = {}
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["kt_buf"] = (TT * HP * DK, f32)
     if keep:
-        b["stat_buf"] = (TT * HP * DK, f32)
+        b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
@@ -1838,10 +1855,11 @@ def _token_buffers(TT, H, HV, HP, DK, DV, dt, keep):
     return b
 
 
-def kept_like(B, T, H, HV, DK, DV, dt, device):
-    """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake)."""
+def kept_like(B, T, H, HV, DK, DV, dt, device, N=None):
+    """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake); N: the
+    number of sequences (B without cu_seqlens)."""
     HP = H if True else HV
-    sizes = _token_buffers(B * T, H, HV, HP, DK, DV, dt, True)
+    sizes = _token_buffers(B * T, B if N is None else N, H, HV, HP, DK, DV, dt, True)
     return [torch.empty(sizes[n][0], dtype=sizes[n][1], device=device) for n in _KEPT_BUFFERS]
 
 
@@ -1896,7 +1914,7 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
     kept = dict(zip(_KEPT_BUFFERS, kept, strict=True)) if kept is not None else {}
-    for n, (numel, dtype) in _token_buffers(TT, H, HV, HP, DK, DV, dt, keep).items():
+    for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     bufs["a0"] = st["A"]
     bufs["a_out"] = torch.empty_like(st["A"])
@@ -1907,8 +1925,9 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if "vn_buf" in takes:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
-    o = torch.empty(B, T, HV, DV, dtype=dt, device=device)
-    bufs["o_buf"] = o
+    # the backward's rerun of the forward has no output stage: no o
+    o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
+    bufs["o_buf"] = o if o is not None else dummy_dt
     route = None
     bufs["s0"] = st["S"]
     s_out = torch.empty_like(st["S"]) if output_final_state else dummy
@@ -1946,6 +1965,61 @@ def _bwd_kernels():
     ]
 
 
+def _launch_backward(run, kernels, make, results, alloc):
+    """Launch the backward's kernels in order, each buffer of `make` allocated right before the first kernel that
+    names it (_KERNEL_ARGS: the operands its body uses) and every buffer of the run dropped right after the last
+    one, except `results` (the host reads them afterwards). The forward's buffers too: what the forward kept is
+    still held by the autograd context where saved-tensor hooks are active, but otherwise it goes, like the
+    recomputed ones (H_n, U, the decayed keys), as soon as it is dead. Kernels between two allocations that follow a
+    free launch as one list (one host call)."""
+    bufs = run.bufs
+    key = (tuple(k[0] for k in kernels), tuple(make), tuple(results), tuple(bufs))
+    schedule = _SCHEDULES.get(key)
+    if schedule is None:
+        if len(_SCHEDULES) > 256:
+            _SCHEDULES.clear()
+        schedule = _SCHEDULES[key] = _backward_schedule(kernels, make, results, bufs)
+    drop, segments = schedule
+    for n in drop:
+        del bufs[n]
+    for new, segment, dead in segments:
+        for n in new:
+            bufs[n] = alloc(*make[n])
+        run.launch(segment)
+        for n in dead:
+            del bufs[n]
+
+
+_SCHEDULES = {}
+
+
+def _backward_schedule(kernels, make, results, present):
+    """(buffers read by no backward kernel, [(buffers to allocate, kernels, buffers dead after them)]): a segment ends
+    before a kernel that needs a new buffer where buffers died in it, so that the new one can take their memory."""
+    used = [_KERNEL_ARGS[k[1].__name__] for k in kernels]  # in parameter order: allocations in a fixed order
+    last = {}
+    for i, names in enumerate(used):
+        for n in names:
+            last[n] = i
+    keep = set(results)
+    live = [n for n in present if n in last and n not in keep]
+    drop = [n for n in present if n not in last and n not in keep]
+    segments, new, pending, allocated = [], [], [], set()
+    for i, k in enumerate(kernels):
+        fresh = [n for n in used[i] if n in make and n not in allocated]
+        dead = [n for n in live if last[n] < i]
+        if fresh and pending and dead:
+            segments.append((new, pending, dead))
+            live = [n for n in live if n not in dead]
+            new, pending = [], []
+        new += fresh
+        allocated.update(fresh)
+        live += [n for n in fresh if n not in keep and n not in live]
+        pending.append(k)
+    segments.append((new, pending, live))
+    return drop, segments
+
+
 def _group_sum(g, dim, H, HV):
     """Sum a value-head axis of size HV over the groups of HV // H heads that share a key head."""
     if H == HV:
@@ -1959,11 +2033,14 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     """Gradients of `pkda` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U, the statistic), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
-    gradients of every initial state except n).
+    gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
+    each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
     """
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, kernels=_rerun_kernels(kept is not None),
                         kept=kept)
+    if isinstance(kept, list):
+        kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims
     B, T, H, HV, HP, DK, DV, NT, TT, N = run.B, run.T, run.H, run.HV, run.HP, run.DK, run.DV, run.NT, run.TT, run.N
     device, dt = run.device, run.dt
@@ -1996,39 +2073,30 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     bufs["do_buf"] = do.contiguous()
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
-    bufs["dul_buf"] = buf(TT * HV * DV)
-    bufs["dh_buf"] = buf(NT * HV * DK * DV, dt)
-    bufs["du_buf"] = buf(TT * HV * DV, dt)
     bufs["ds_fin"] = fin("S")
-    bufs["ds0"] = buf(N * HV * DK * DV)
-    # the reverse state pass first; dU_local is dead after it, so the buffers of the later stages are
-    # allocated once it is freed (the allocator hands its block on, and the peak holds only one of them)
-    kernels = _bwd_kernels()
-    first = [k for k in kernels if k[0] in ("bwd_local_values", "bwd_state")]
-    run.launch(first)
-    del bufs["dul_buf"]
-    del bufs["kg_buf"], bufs["qg_buf"]  # only the state passes read them
+    # The backward's own buffers, name -> (numel, dtype): _launch_backward allocates each right before the first
+    # kernel that names it and drops it after the last one, so that a phase's buffers take what the earlier
+    # phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads).
+    fp32 = torch.float32
+    make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
+            "ds0": (N * HV * DK * DV, fp32)}
     # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
-    # of the chunk-operand adjoints for bwd_grads; the scores are freed before bwd_grads' own buffers are taken
-    bufs["dsq_buf"] = buf(TT * HV * BT)
-    bufs["dsl_buf"] = buf(TT * HV * BT)
-    bufs["dbc_buf"] = buf(TT * HV)
+    # of the chunk-operand adjoints for bwd_grads
+    make["dsq_buf"] = (TT * HV * BT, fp32)
+    make["dsl_buf"] = (TT * HV * BT, fp32)
+    make["dbc_buf"] = (TT * HV, fp32)
     for n in ("pq_buf", "pa_buf", "pe_buf"):
-        bufs[n] = buf(TT * HV * DK)
-    bufs["ag_buf"] = buf(TT * HV * DK)  # bwd_intra's share of db, then bwd_grads' dg
-    intra = [k for k in kernels if k[0] in ("bwd_scores", "bwd_intra")]
-    run.launch(intra)
-    del bufs["dsq_buf"]
-    del bufs["dsl_buf"]
-    first += intra
+        make[n] = (TT * HV * DK, fp32)
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("ae_buf", "aa_buf", ):
-        bufs[n] = buf(TT * HV * DK)
-    bufs["abeta_buf"] = buf(run.nkg * TT * HV)  # one partial sum per block of key channels of bwd_grads
+        make[n] = (TT * HV * DK, fp32)
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra's share of db, then bwd_grads' dg
     bufs["da_fin"] = fin("A")
-    bufs["da0"] = buf(N * HP * DK)
-    bufs["apinc_buf"] = buf(TT * HP * DK)
-    bufs["apdec_buf"] = buf(run.nkp * TT * HP)  # one partial sum per block of key channels
+    make["da0"] = (N * HP * DK, fp32)
+    make["stat_buf"] = (TT * HP * DK, fp32)  # every token's statistic, re-formed by bwd_precond_diag for bwd_inputs
+    make["apinc_buf"] = (TT * HP * DK, fp32)
+    make["apdec_buf"] = (run.nkp * TT * HP, fp32)  # one partial sum per block of key channels
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
@@ -2037,8 +2105,10 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         rows = NT if d.is_param else TT
         # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
         direct = not d.is_param and (d.heads != "key" or H == HV)
-        bufs["dx_" + n] = buf(rows * HV * (last[0] if last else 1), x[n].dtype if direct else torch.float32)
-    run.launch([k for k in kernels if k not in first])
+        make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
+    # what the host reads after the last kernel: the gradients and the initial states' adjoints
+    results = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
+    _launch_backward(run, _bwd_kernels(), make, results, buf)
 
     grads = {}
     for n in _INPUTS:
