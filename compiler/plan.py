@@ -974,7 +974,11 @@ PEAK_PHASE = 1
 # pass (sequential over chunks with a dk × dv carry). H200, reference shape (benchmarks/latest.json, pgdn / pkda):
 # l2norm 0.065 ms, wy 0.085 / 0.122, interaction 0.136 / 0.698, precond_diag 0.33, state pass 0.42 / 0.34 (two calls).
 RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan", "state_pass")
-CHEAP = "elementwise"  # the dearest class a stage read only before the peak is rerun at (a pass per step, no more)
+# The dearest class a stage read only before the peak is rerun at. Such a stage's buffers are freed before the peak
+# whether kept or rerun, so rerunning it only shortens what a training forward holds until its backward (per layer, in
+# a model), and every class that launches costs a pass over HBM: decay_keys ~0.1 ms of kda's 4.3 ms step. So: only
+# what is evaluated on loads (a memory budget per model would be the place to raise this).
+CHEAP = "loads"
 RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
                   "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
                   "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",

@@ -1334,7 +1334,6 @@ def _rerun_kernels(kept):
     if kept:
         return [
             ("curvature_query", chunk_curvature_query_kernel, "seq_hv"),
-            ("decay_keys", chunk_decay_keys_kernel, "chunk"),
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
     return [
@@ -1348,7 +1347,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "s_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "s_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):

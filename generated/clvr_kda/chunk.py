@@ -1485,7 +1485,6 @@ def _rerun_kernels(kept):
     for the backward stages (the forward's may have the output fused in, and store neither)."""
     if kept:
         return [
-            ("decay_keys", chunk_decay_keys_kernel, "chunk"),
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
     return [
@@ -1499,7 +1498,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):

@@ -1164,7 +1164,6 @@ def _rerun_kernels(kept):
     for the backward stages (the forward's may have the output fused in, and store neither)."""
     if kept:
         return [
-            ("decay_keys", chunk_decay_keys_kernel, "chunk"),
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
     return [
@@ -1176,7 +1175,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["g_buf", "s_buf"]
+_KEPT_BUFFERS = ["g_buf", "s_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
