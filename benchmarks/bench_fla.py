@@ -239,6 +239,7 @@ def main() -> int:
     p.add_argument("--variants", nargs="*", choices=("scalar", "vector"), default=None,
                    help="the variants FLA lacks against their base system: both families, or those named")
     p.add_argument("--cold-start", action="store_true")
+    p.add_argument("--cold-start-rounds", type=int, default=2, help="interleaved rounds of the two cold-start modes")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--accuracy", action="store_true",
@@ -326,7 +327,7 @@ def main() -> int:
     if args.cold_start:
         # two interleaved rounds, so that a busy host slows both alike; the faster of each pair is kept
         times: dict[str, list[float]] = {"gdn": [], "gdn_parallel_compile": []}
-        for _ in range(2):
+        for _ in range(args.cold_start_rounds):
             for key, parallel in (("gdn", False), ("gdn_parallel_compile", True)):
                 times[key].append(cold_start("gdn", parallel))
         result["cold_start_s"].update({k: min(v) for k, v in times.items()})
