@@ -65,7 +65,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # the state pass's 64-row key tiles. Compile report (sm_90, gdn): dk = dv = 128, BV 32 / 4 warps / 2 stages 238
         # registers, no spill, 107 KB shared (two programs per SM: 256 at B = 4, H = 16 on 132 SMs); 8 warps 205;
         # BV 64 / 4 warps 255 + 48 B spill, BV 64 / 8 warps 255, none. dk = dv = 64: 207, none. dk = 256: BV 32 / 4
-        # warps spills 64 B, 8 warps none (210 KB shared). Not yet timed on the H200.
+        # warps spills 64 B, 8 warps none (210 KB shared). H200, gdn (tune.py, run 40): BV 32 / 4 warps / 2 stages
+        # 0.226 ms, 8 warps 0.505; 1 stage faulted (illegal memory access) under Triton 3.6.
         return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), 2
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per

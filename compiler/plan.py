@@ -974,11 +974,6 @@ PEAK_PHASE = 1
 # pass (sequential over chunks with a dk × dv carry). H200, reference shape (benchmarks/latest.json, pgdn / pkda):
 # l2norm 0.065 ms, wy 0.085 / 0.122, interaction 0.136 / 0.698, precond_diag 0.33, state pass 0.42 / 0.34 (two calls).
 RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan", "state_pass")
-# The dearest class a stage read only before the peak is rerun at. Such a stage's buffers are freed before the peak
-# whether kept or rerun, so rerunning it only shortens what a training forward holds until its backward (per layer, in
-# a model), and every class that launches costs a pass over HBM: decay_keys ~0.1 ms of kda's 4.3 ms step. So: only
-# what is evaluated on loads (a memory budget per model would be the place to raise this).
-CHEAP = "loads"
 RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
                   "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
                   "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",
@@ -1058,15 +1053,6 @@ def _on_loads(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str
     return None
 
 
-def _cheap_before_peak(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
-    kind = sts[0].kind
-    cheap = RECOMPUTE_COSTS.index(RECOMPUTE_COST[kind]) <= RECOMPUTE_COSTS.index(CHEAP)
-    if cheap and last_read_phase(p, sts, read) < PEAK_PHASE:
-        return (f"{RECOMPUTE_COST[kind]}, read only by the state passes: rerun there, it is not held from the forward "
-                "to the backward")
-    return None
-
-
 def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
     kind = sts[0].kind
     cost = RECOMPUTE_COST[kind]
@@ -1080,6 +1066,9 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
                 f"({bytes_per_token(carries[0])} B) at each chunk's start let bwd_precond_diag re-form it, after the "
                 "peak, where only the chain rule reads it")
     if last_read_phase(p, sts, read) < PEAK_PHASE:
+        # freed before the peak whether kept or rerun: a rerun would only shorten what a training forward holds until
+        # its backward (per layer, in a model), and every launch costs a pass over HBM (decay_keys: ~0.1 ms of kda's
+        # 4.3 ms step); a per-model memory budget would be the place to trade that
         return f"{cost}: read only by the state passes, freed before the peak whether kept or rerun: kept (no launch)"
     if cost == "elementwise":
         return "elementwise, but read by the chunk gradients or later: rerun, it would be live at the peak too: kept"
@@ -1087,8 +1076,7 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
 
 
 # Ordered: the first rule that decides (returns why) recomputes the stage; a stage no rule recomputes is kept.
-MEMORY_RULES: tuple[Callable[[Plan, list[Stage], set[str], set[str]], str | None], ...] = (
-    _on_loads, _per_chunk, _cheap_before_peak)
+MEMORY_RULES: tuple[Callable[[Plan, list[Stage], set[str], set[str]], str | None], ...] = (_on_loads, _per_chunk)
 
 
 def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision, ...]:

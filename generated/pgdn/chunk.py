@@ -236,12 +236,8 @@ def chunk_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
-            # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
-            # through the first token.
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-            b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
-            _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
@@ -266,12 +262,8 @@ def chunk_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # 𝒜_t = e^{c_t} 𝒜_{t-1} + x_t as a decayed scan over the chunk's tokens (log depth): no c×c decay matrix
-            # and no fp32 matmul, which sm_90 runs on FMA units (run 36: 0.33 ms for pgdn's forward). The carry enters
-            # through the first token.
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-            b_x = tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)
-            _, b_stat = tl.associative_scan((b_d, b_x), 0, _decayed_sum)
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
@@ -1051,6 +1043,8 @@ def chunk_bwd_precond_diag_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -1058,10 +1052,6 @@ def chunk_bwd_precond_diag_kernel(
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
-            # every token's statistic from the chunk-start carry, formed as the forward formed it (the same scan on the same
-            # values: the decay adjoint's 𝒜 − increment below cancels where the increment dominates, so a differently rounded
-            # 𝒜 would show there)
-            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
@@ -1100,6 +1090,8 @@ def chunk_bwd_precond_diag_kernel(
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -1107,10 +1099,6 @@ def chunk_bwd_precond_diag_kernel(
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
-            # every token's statistic from the chunk-start carry, formed as the forward formed it (the same scan on the same
-            # values: the decay adjoint's 𝒜 − increment below cancels where the increment dominates, so a differently rounded
-            # 𝒜 would show there)
-            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
