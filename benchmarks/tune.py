@@ -28,7 +28,8 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
           "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
-          "bwd_curvature_query": "chunk_bwd_curvature_query_kernel"}
+          "bwd_curvature_query": "chunk_bwd_curvature_query_kernel", "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
+          "bwd_curvature_state": "chunk_bwd_curvature_state_kernel"}
 
 
 def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
@@ -52,8 +53,11 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
         "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
         "bwd_precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
-        "curvature_query": itertools.product([full], [64], [4, 8], [1, 2, 3]),
-        "bwd_curvature_query": itertools.product([full], [64], [4, 8], [1, 2]),
+        # BV columns of the dk × dk sums per program, key rows in one or two blocks of BK
+        "curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2, 3]),
+        "bwd_curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
+        "bwd_curvature_key": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
+        "bwd_curvature_state": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
     }[stage]
     return [c for c in grid if c[0] <= full and c[1] <= full]
 

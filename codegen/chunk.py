@@ -21,7 +21,7 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     precond_diag         PDN statistic: decayed cumsum within a chunk + carry across chunks -> k̃
     precond_gram         exact preconditioner: the fp32 Gram carry G_n over chunks (G_0 = P_0⁻¹, P_final = G⁻¹)
     precond_exact        per chunk: P_n = G_n⁻¹ (Gauss-Jordan), I + K P_n Kᵀ = L D Lᵀ -> k̃ (ATK) or q̂ (ATQ)
-    curvature_query      CCQ q̂ from carried Σkkᵀ, Σk
+    curvature_query      CCQ q̂ from carried Σkkᵀ, Σk: per sequence, key head and BV columns of C, over chunks
     interaction          L' = E ⋆⁻ A (and Q ⋆ A for vector decay) on 16-row sub-blocks
     triangular_solve     T = (I + Diag(β)L')⁻¹Diag(β): forward substitution per 16×16 diagonal block,
                          then block merge
@@ -44,7 +44,9 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
     bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
                          (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; scalar-decay score pairs as masked
                          matmuls, per-channel pairs from bwd_intra; dg = reverse cumsum of db)
-    bwd_curvature_query  CCQ: reverse over chunks with a dk×dk carry (anti-causal linear attention)
+    bwd_curvature_query  CCQ, forwards over chunks (the forward's carry rerun): the sums' share of dq, dλ
+    bwd_curvature_key    CCQ, reverse over chunks with (D + Dᵀ)[:, cols] carried (anti-causal linear attention): dk, dm_0
+    bwd_curvature_state  CCQ: dC_0 = dC_final − Σ_t S_t q_tᵀ
     bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
     bwd_precond_exact    exact preconditioner, per chunk: z = P_t dx_t, the chunk's Gram adjoint, in-chunk key terms
     bwd_precond_gram     exact preconditioner: reverse over chunks with the dk×dk Gram adjoint -> dk, dP_0
@@ -185,15 +187,16 @@ class Launch:
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
-# rows (token blocks, heads); seq_hp / seq_hv (one program per sequence and
-# statistic / value head, sequential over chunks); state (dv blocks, sequences × heads); output (dv blocks, NT, HV).
+# rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over
+# chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences ×
+# key heads: the curvature sums); output (dv blocks, NT, HV).
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
     "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "seq_hp", "chunk_precond_diag.jinja"),
     "precond_gram": Launch("precond_gram", "chunk_precond_gram_kernel", "seq_hp", "chunk_precond_gram.jinja"),
     "precond_exact": Launch("precond_exact", "chunk_precond_exact_kernel", "chunk", "chunk_precond_exact.jinja"),
-    "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "seq_hv",
+    "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "key_state",
                               "chunk_curvature_query.jinja"),
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction.jinja"),
     "wy": Launch("wy", "chunk_wy_kernel", "chunk", "chunk_wy.jinja"),
@@ -215,8 +218,12 @@ BACKWARD_RULES = {
     "bwd_scores": Launch("bwd_scores", "chunk_bwd_scores_kernel", "chunk", "chunk_bwd_scores.jinja"),
     "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_sub_keys", "chunk_bwd_intra.jinja"),
     "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
-    "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "seq_hv",
+    "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "key_state",
                                   "chunk_bwd_curvature_query.jinja"),
+    "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_state",
+                                "chunk_bwd_curvature_key.jinja"),
+    "bwd_curvature_state": Launch("bwd_curvature_state", "chunk_bwd_curvature_state_kernel", "key_state",
+                                  "chunk_bwd_curvature_state.jinja"),
     "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
                                "chunk_bwd_precond_diag.jinja"),
     "bwd_precond_exact": Launch("bwd_precond_exact", "chunk_bwd_precond_exact_kernel", "chunk",
@@ -363,7 +370,9 @@ class _Emitter:
 
     A tile is `R` rows (flattened token indices in variable `rows`, validity mask `mask`) and, for a
     key- or value-side expression, the key channels (o_k / m_k) or the value channels (o_v / m_v) of
-    the current block. Results are fp32 and zero on invalid rows and channels.
+    the current block. Results are fp32 and zero on invalid rows and channels. `tile(..., kcols="c")` reads
+    the key channels of o_c / m_c ([R, BV]) instead: a block of key channels that a program holds next to its
+    full-width key rows (the curvature passes hold C's columns o_c as [BK, BV] tiles).
     """
 
     def __init__(self, ir: IR):
@@ -379,6 +388,7 @@ class _Emitter:
         # state pass went from 227 registers to 255 + 48 B spill and 0.44 → 0.83 ms; those keep absolute `rows`.
         self.lean = ir.decay.kind != "vector" and ir.precond.kind != "diag"
         self.rows = ROWS if self.lean else "rows"
+        self._kcols = ("o_k", "m_k", "BK")  # the key channels of key-side tiles: offsets, mask, tile width
 
     def _sym(self, name: str, side: str | None, rows: str, mask: str, tag: str, out: list[str]) -> str:
         var = f"_{tag}_{name}"
@@ -390,14 +400,16 @@ class _Emitter:
             return "b_stat"
         if name == KTILDE.name:
             hp, nh = ("i_h", "H") if self.kt_heads == "key" else ("i_hv", "HV")
-            out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', 'o_k')}, "
-                       f"mask={mask}[:, None] & m_k[None, :], other=0.)")
+            o_k, m_k, _ = self._kcols
+            out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
+                       f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
             return var
         if name == "q__raw":
             name = "q"
         elif name == "q" and self.q_override is not None:
-            out.append(f"{var} = tl.load({self.q_override} + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
-                       f"mask={mask}[:, None] & m_k[None, :], other=0.)")
+            o_k, m_k, _ = self._kcols
+            out.append(f"{var} = tl.load({self.q_override} + {row_offset(rows, 'HV', 'i_hv', 'DK', o_k)}, "
+                       f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
             return var
         d = ir.input(name)
         hv, nh = ("i_h", "H") if d.heads == "key" else ("i_hv", "HV")
@@ -406,13 +418,13 @@ class _Emitter:
             if d.vector is None:
                 out.append(f"{var} = tl.load({p} + {hv}).to(tl.float32)")
                 return var
-            dim, o, m = ("DK", "o_k", "m_k") if d.vector == "key" else ("DV", "o_v", "m_v")
+            dim, o, m = ("DK", *self._kcols[:2]) if d.vector == "key" else ("DV", "o_v", "m_v")
             out.append(f"{var} = tl.load({p} + {hv} * {dim} + {o}, mask={m}, other=0.).to(tl.float32)")
             return f"{var}[None, :]"
         if d.vector is None:
             out.append(f"{var} = tl.load({p} + {row_offset(rows, nh, hv)}, mask={mask}, other=0.).to(tl.float32)")
             return f"{var}[:, None]" if two_d else var
-        dim, o, m = ("DK", "o_k", "m_k") if d.vector == "key" else ("DV", "o_v", "m_v")
+        dim, o, m = ("DK", *self._kcols[:2]) if d.vector == "key" else ("DV", "o_v", "m_v")
         if name in ir.normalize:  # the l2norm stage wrote it once, normalised, in the input dtype
             p = f"pn_{name}"
         out.append(f"{var} = tl.load({p} + {row_offset(rows, nh, hv, dim, o)}, "
@@ -420,12 +432,25 @@ class _Emitter:
         return var
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
-             indent: int = 4, log2: bool = False, printer: str = "fwd", raw: bool = False) -> str:
+             indent: int = 4, log2: bool = False, printer: str = "fwd", raw: bool = False, kcols: str = "k",
+             plain: bool = False) -> str:
         """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
 
         printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain
         input stays in its buffer's dtype (a tile that only feeds a matmul needs no round trip through fp32).
+        `kcols`: "k" for the key channels o_k / m_k ([R, BK]), "c" for o_c / m_c ([R, BV]). `plain`: a plain input's
+        tile is its load (whose mask zeroes the rest) also where loads are not lean: the curvature passes, whose
+        tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128).
         """
+        saved = self._kcols
+        self._kcols = ("o_k", "m_k", "BK") if kcols == "k" else (f"o_{kcols}", f"m_{kcols}", "BV")
+        try:
+            return self._tile(var, expr, side, rows, mask, R, indent, log2, printer, raw, plain)
+        finally:
+            self._kcols = saved
+
+    def _tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str, indent: int, log2: bool,
+              printer: str, raw: bool, plain: bool = False) -> str:
         out: list[str] = []
         names = {}
         if rows == ROWS and not isinstance(expr, sp.Symbol):
@@ -437,7 +462,7 @@ class _Emitter:
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
         text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names)
-        if self.lean and not log2 and isinstance(expr, sp.Symbol) and names[expr.name] == f"_{var}_{expr.name}":
+        if (self.lean or plain) and not log2 and isinstance(expr, sp.Symbol) and names[expr.name] == f"_{var}_{expr.name}":
             # a plain input, loaded as a whole tile that the load's mask already zeroes off the valid rows and
             # channels: no broadcast or select (sm_90 does not fold `0 + x`)
             if raw:
@@ -449,7 +474,8 @@ class _Emitter:
         if side is None:
             shape, m = f"[{R}]", mask
         elif side == "key":
-            shape, m = f"[{R}, BK]", f"{mask}[:, None] & m_k[None, :]"
+            _, m_k, width = self._kcols
+            shape, m = f"[{R}, {width}]", f"{mask}[:, None] & {m_k}[None, :]"
         else:
             shape, m = f"[{R}, BV]", f"{mask}[:, None] & m_v[None, :]"
         out.append(f"{var} = tl.where({m}, tl.zeros({shape}, dtype=tl.float32) + {text}, 0.)")
@@ -590,9 +616,10 @@ def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only
     return f"tl.load({buf} + {row_offset(ROWS, heads, head, dim, o)}, mask={mask(m)}, other=0.)"
 
 
-def _key_partials(var: str, buf: str) -> str:
-    """Load a per-token adjoint that bwd_grads leaves as NKG partial sums, one per block of key channels."""
-    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    for i_kg in range(0, NKG):\n"
+def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
+    """Load a per-token adjoint that a stage leaves as `count` partial sums, one per block of key channels (bwd_grads:
+    NKG; bwd_curvature_query: NKC), added in a fixed order."""
+    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    for i_kg in range(0, {count}):\n"
             f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
 
 
@@ -640,9 +667,13 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":
+        # q and k through the curvature sums (bwd_curvature_query, bwd_curvature_key), per key head; dλ as NKC partial
+        # sums, one per column block
         assert ir.read.lam is not None
-        parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key")))
-        parts.append(_Part("lam", ir.read.lam, None, "a_lam = " + _tok("alam_buf", None)))
+        group = "i_hv % G == 0"  # (not `first`: the PDN statistic's heads may have reset it)
+        parts.append(_Part("qc", q, "key", "a_qc = " + _tok("aqc_buf", "key", "H", "i_h", group)))
+        parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key", "H", "i_h", group)))
+        parts.append(_Part("lam", ir.read.lam, None, _key_partials("a_lam", "alam_buf", "NKC")))
     return parts
 
 

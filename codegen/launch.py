@@ -10,6 +10,9 @@ from __future__ import annotations
 
 # stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
 WHOLE_VALUE_ROWS = ("bwd_inputs",)
+# stages whose programs hold whole key rows, in two tiles of BK, next to a block of BV key channels (the curvature
+# sums): two BK must cover dk
+WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
 
 
 def _next_pow2(x: int) -> int:
@@ -109,17 +112,25 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and
         # 21 / 8 KB (not yet timed on a GPU; the backward's spill is its tiles' layout more than the warp count)
         return BK, bv_full, 8, 1
-    if name == "bwd_curvature_query":
-        return BK, bv_full, (8 if BK >= 64 else 4), 1
-    if name == "curvature_query":
-        return BK, bv_full, (8 if wide else 4), 1
+    if name in WHOLE_KEY_ROWS:
+        # the curvature sums' passes (chunk_curvature_query.jinja, chunk_bwd_curvature_*.jinja): BV columns of the
+        # dk × dk sums per program, their rows in two tiles of BK (as the state pass holds its state). BV 32 at dk = 128
+        # is 256 programs at B = 4, H = 16, two per SM where 4 warps stay within 255 registers and 113 KB of shared
+        # memory (8 warps at 255 registers hold one per SM). Compile report (ccq_gdn, dk = 128, sm_90), registers /
+        # spill / shared: forward 245-255 / 0-8 B / 24 KB (2 stages: 40-88 B spill); bwd_curvature_query 255 / 96 B /
+        # 28 KB (2 stages 64 B and 148 KB; 8 warps 8 B; uncentred 8 B); bwd_curvature_key, 2 stages, 255 / 8 B / 112 KB
+        # (1 stage: 216 B; uncentred 187 / 0 / 120 KB); bwd_curvature_state 94 / 0 / 20 KB. Not yet timed on the H200
+        stages = 2 if name == "bwd_curvature_key" else 1
+        return max(bk_block, BK // 2), min(32, BK), 4, stages
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
 
 
-def check_launch(spec: str, name: str, cfg: tuple[int, ...], DV: int) -> tuple[int, ...]:
-    """`cfg`, refused where the stage's kernel cannot run it (a whole-row stage with BV < dv)."""
+def check_launch(spec: str, name: str, cfg: tuple[int, ...], DV: int, DK: int | None = None) -> tuple[int, ...]:
+    """`cfg`, refused where the stage's kernel cannot run it (a whole-row stage with BV < dv, or 2 BK < dk)."""
     if name in WHOLE_VALUE_ROWS and cfg[1] < DV:
         raise ValueError(f"{spec}: stage {name} holds whole value rows: BV = {cfg[1]} < dv = {DV}")
+    if name in WHOLE_KEY_ROWS and DK is not None and 2 * cfg[0] < DK:
+        raise ValueError(f"{spec}: stage {name} holds whole key rows in two blocks: 2 BK = {2 * cfg[0]} < dk = {DK}")
     return cfg
 
 

@@ -427,10 +427,16 @@ def rule_curvature_query(b: _Builder) -> None:
         return
     bind = {"q": b.op("in:q") or "q", "k": b.op("in:k") or "k", "lam": b.op("lam"), "C0": "C0", "m0": "m0",
             "n0": "n0"}
+    # the sums are an undecayed additive linear attention whose value is the key (§4): tiled as a state pass, C's
+    # columns in blocks, one program per block, sequence and key head (λ, per value head, enters only q̂)
     b.add("curvature_query", "curvature_query", bind,
           [b.new("qp", "[B,T,HV,dk]", "in"), b.new("C_final", "[N,H,dk,dk]", "fp32"),
            b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")],
-          centered=b.ir.read.centered)
+          centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
+          form="corr = (Q C_n + tril(Q K^T) K) / tau" + (" - M (m^T q) / tau^2" if b.ir.read.centered else "") +
+          "; qp = q - lam corr; C_(n+1) = C_n + K^T K",
+          # the backward's passes carry no m: a training step leaves them m_n per chunk and m^T q per token
+          keeps=("m_n", "mq") if b.ir.read.centered else None)
     b.roles["q_read"] = b.roles["qp"]
     b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
@@ -699,7 +705,8 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_grads", "bwd_curvature_query",
-                  "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
+                  "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram",
+                  "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -869,14 +876,56 @@ def _bwd_grads(p: Plan) -> Stage | None:
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 
+def _centered(p: Plan) -> bool:
+    return bool(p.find("curvature_query")[0].attr("centered"))
+
+
 def _bwd_curvature_query(p: Plan) -> Stage | None:
+    # The forward's carry rerun (C_n is dk·dk per chunk and key head: 268 MB at the reference shape, were it kept), in
+    # the forward's tiling; it needs the adjoint of q̂, so it runs after bwd_grads. The sums are per key head: so is
+    # their share of dq (bwd_inputs adds it to the group's first value head), and S, which the later passes read.
     if not p.find("curvature_query"):
         return None
-    outs = (Operand("dq_c", "[B,T,HV,dk]", "fp32"), Operand("dk_c", "[B,T,HV,dk]", "fp32"),
-            Operand("dlam", "[B,T,HV]", "fp32"), Operand("dC0", "[N,H,dk,dk]", "fp32"), Operand("dm0", "[N,H,dk]", "fp32"))
-    return Stage("bwd_curvature_query", "bwd_curvature_query", ("dqp", "dC_final", "dm_final"), outs,
-                 (("form", "anti-causal linear attention with a dk x dk carry"), ("reads", ("curvature_query.C_n",)),
-                  ("sequential", "chunks, reversed")))
+    centered = _centered(p)
+    outs = (Operand("dq_c", "[B,T,H,dk]", "fp32"), Operand("dlam", "[B,T,HV]", "fp32"),
+            Operand("S_hi", "[B,T,H,dk]", "in"), Operand("S_lo", "[B,T,H,dk]", "in"))
+    if centered:  # for the reverse pass, which carries no m
+        outs += (Operand("ms", "[B,T,H]", "fp32"),)
+    form = "S = sum_hv (lam_hv / tau) dqp_hv = S_hi + S_lo; dq_c = -(S C_n + tril(S K^T) K)" + \
+        (" + M (m^T S) / tau" if centered else "") + "; dlam = -<dqp, corr>"
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reruns", "curvature_query's C carry"),
+                                          ("sequential", "chunks"), ("tiles", "BV columns of C per sequence and key head"),
+                                          ("key_blocks", "dlam as partial sums"))
+    if centered:  # m_n per chunk and m^T q per token, which the forward leaves for a training step
+        attrs += (("reads", ("curvature_query.m_n", "curvature_query.mq")),)
+    return Stage("bwd_curvature_query", "bwd_curvature_query", ("dqp",), outs, attrs)
+
+
+def _bwd_curvature_key(p: Plan) -> Stage | None:
+    # The keys' share: dC_t = -S_t q_t^T is summed from the end (an anti-causal linear attention), so this pass runs in
+    # reverse with E = D + D^T carried, D = dC_final + the later dC_t
+    if not p.find("curvature_query"):
+        return None
+    centered = _centered(p)
+    outs = (Operand("dk_c", "[B,T,H,dk]", "fp32"), Operand("dm0", "[N,H,dk]", "fp32"))
+    form = "dk_c = K E - triu(K Q^T) S - triu(K S^T) Q + dm_c" + \
+        (" + reverse cumsum of dm_t = (S m^T q + q m^T S) / tau" if centered else "") + "; E -= S^T Q + Q^T S"
+    ins = ("S_hi", "dC_final", "dm_final") + (("S_lo", "ms") if centered else ())
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("sequential", "chunks, reversed"),
+                                          ("tiles", "BV columns of E = D + D^T per sequence and key head"))
+    if centered:
+        attrs += (("reads", ("curvature_query.mq",)),)
+    return Stage("bwd_curvature_key", "bwd_curvature_key", ins, outs, attrs)
+
+
+def _bwd_curvature_state(p: Plan) -> Stage | None:
+    # dC_0 = D at the start: a plain sum over the tokens, apart from the reverse pass (a second carry there spilled)
+    if not p.find("curvature_query"):
+        return None
+    return Stage("bwd_curvature_state", "bwd_curvature_state", ("S_hi", "S_lo", "dC_final"),
+                 (Operand("dC0", "[N,H,dk,dk]", "fp32"),),
+                 (("form", "dC0 = dC_final - sum_t S_t q_t^T"), ("sequential", "chunks"),
+                  ("tiles", "BV columns of dC0 per sequence and key head")))
 
 
 def _bwd_precond_diag(p: Plan) -> Stage | None:
@@ -918,9 +967,10 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
-    inner = {"dk_x", "u_x", "dGc", "dPa"}
-    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_precond_diag(p), _bwd_precond_exact(p),
-                             _bwd_precond_gram(p)) if st is not None
+    # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms"}
+    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p), _bwd_precond_diag(p),
+                             _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
@@ -933,8 +983,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_grads, _bwd_curvature_query, _bwd_precond_diag,
-    _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
+    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_grads, _bwd_curvature_query, _bwd_curvature_key,
+    _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 
 
@@ -964,8 +1014,8 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 # in a model).
 BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
 PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_grads": 1,
-            "bwd_curvature_query": 2, "bwd_precond_diag": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2,
-            "bwd_inputs": 2}
+            "bwd_curvature_query": 2, "bwd_curvature_key": 2, "bwd_curvature_state": 2, "bwd_precond_diag": 2,
+            "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
 PEAK_PHASE = 1
 
 # What rerunning a forward stage in the backward costs, cheapest first: evaluated on its consumers' tile loads (no
@@ -1190,6 +1240,11 @@ def _tc_precond_gram(st: Stage, t: dict[str, Operand]) -> None:
 def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
     for r in ("q", "k"):
         _token(t[st.bind[r]], "dk", st.name)
+        # the sums, and every pass over them, are tiled per key head (λ alone is per value head)
+        if t[st.bind[r]].dims[:3] != ("B", "T", "H"):
+            raise PlanTypeError(f"{st.name}: {t[st.bind[r]]} must be per key head: the curvature sums are")
+    if st.outputs[0].shape != "[B,T,HV,dk]":
+        raise PlanTypeError(f"{st.name}: the read query {st.outputs[0]} must be [B,T,HV,dk]")
     for n in ("C", "m", "n"):
         if t[f"{n}0"].shape != st.outputs[1 + "Cmn".index(n)].shape:
             raise PlanTypeError(f"{st.name}: {n}0 and {n}_final differ")

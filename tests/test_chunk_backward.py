@@ -45,7 +45,8 @@ CHUNK_SPECS = [n for n in ALL_SPECS if supports_chunk(load(n).ir)[0]]
 
 def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int | None = None, dk: int = 16,
                     dv: int = 16, varlen: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    gate_shift: float = 0.0, cuts: tuple[int, ...] = (1, 70), forget_channels: int = 0) -> float:
+                    gate_shift: float = 0.0, cuts: tuple[int, ...] = (1, 70), forget_channels: int = 0,
+                    overrides: dict | None = None) -> float:
     rec = load(name)
     HV = HV or H
     cu = None
@@ -83,7 +84,14 @@ def check_gradients(name: str, *, B: int = 2, T: int = 150, H: int = 2, HV: int 
 
     mod = load_chunk(rec.ir)
     mod.DEBUG_NAN_FILL = True
-    gx, gs = mod.chunk_backward(x, initial_state=states, do=do, d_final_state=dfinal, d_route=droute, cu_seqlens=cu)
+    saved = dict(mod.LAUNCH_OVERRIDES)
+    mod.LAUNCH_OVERRIDES.update(overrides or {})
+    try:
+        gx, gs = mod.chunk_backward(x, initial_state=states, do=do, d_final_state=dfinal, d_route=droute,
+                                    cu_seqlens=cu)
+    finally:
+        mod.LAUNCH_OVERRIDES.clear()
+        mod.LAUNCH_OVERRIDES.update(saved)
     assert set(gx) == set(x), f"{name}: gradients for {sorted(gx)}, inputs {sorted(x)}"
     assert set(gs) == set(dfinal), f"{name}: state gradients for {sorted(gs)}, states {sorted(dfinal)}"
     ours = {**gx, **{f"state {k}": v for k, v in gs.items()}}
@@ -142,6 +150,17 @@ def test_gradients_through_channel_reductions(layout: dict) -> None:
                                   "exact_atk", "exact_atq"])
 def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
+
+
+@pytest.mark.parametrize(("name", "BK", "BV"), [("ccq_gdn", 32, 16), ("ccq_gla_uncentered", 64, 32)])
+def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) -> None:
+    """The curvature passes hold BV columns of the dk × dk sums, their rows in one or two tiles of BK: at dk = 48 that is
+    three blocks of 16 columns in two key blocks (the second padded), or two of 32 columns (the second padded) in one.
+    dλ arrives as partial sums of bwd_curvature_query's column blocks, and q̂, the per-key-head shares of dq and dk,
+    dC_0 and dm_0 meet the reference (grouped value heads, packed sequences cut inside chunks)."""
+    stages = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
+    check_gradients(name, T=150, H=1, HV=2, dk=48, dv=16, varlen=True, cuts=(45, 100),
+                    overrides={st: (BK, BV, 4, 1) for st in stages})
 
 
 @pytest.mark.parametrize("name", ["gdn", "kda"])

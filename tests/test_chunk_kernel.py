@@ -134,6 +134,14 @@ def test_dk64_dv_differs():
     _check("gdn", B=1, T=70, H=1, HV=1, dk=64, dv=32, seed=3)
 
 
+def test_curvature_query_split_over_column_blocks(monkeypatch):
+    """The curvature sums as [BK, BV] tiles: dk = 48 in three blocks of 16 columns and two key blocks of 32 rows (the
+    second padded), grouped value heads, packed sequences with initial sums: q̂ and the final C, m match the reference."""
+    mod = load_chunk(_load("ccq_gdn").ir)
+    monkeypatch.setitem(mod.LAUNCH_OVERRIDES, "curvature_query", (32, 16, 4, 1))
+    _check("ccq_gdn", B=1, T=100, H=1, HV=2, dk=48, dv=32, cu_seqlens=[0, 1, 65, 100], seed=5)
+
+
 @pytest.mark.parametrize("name", ["kda", "gla", "rwkv7_dplr"])
 def test_strong_vector_gates_stay_finite(name):
     """Log-gates ~ 20·logsigmoid(z) (|b| ≫ 88 inside a chunk): sub-chunk reference points keep exp2 ≤ 1."""

@@ -30,6 +30,8 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
               "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
               "bwd_grads": "chunk_bwd_grad_kernel",
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
+              "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
+              "bwd_curvature_state": "chunk_bwd_curvature_state_kernel",
               "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
               "bwd_precond_exact": "chunk_bwd_precond_exact_kernel", "bwd_precond_gram": "chunk_bwd_precond_gram_kernel",
               "bwd_inputs": "chunk_bwd_inputs_kernel"}

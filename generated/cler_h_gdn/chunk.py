@@ -1031,7 +1031,7 @@ _INPUTS = ["q", "k", "v", "g", "beta"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "cn_buf", "mn_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
@@ -1041,7 +1041,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
-               "wg_buf", "aew_buf", "aqw_buf")
+               "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1101,7 +1101,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 def launch_config(name, DK, DV):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
-    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY), DV)
+    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY), DV, DK)
 
 
 def _chunk_layout(lens, device):
@@ -1149,7 +1149,7 @@ class _Run:
         # module was generated): Triton's launch cost grows with the argument count.
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.device, tuple(LAUNCH_OVERRIDES.items()))
+               self.nkc, self.device, tuple(LAUNCH_OVERRIDES.items()))
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
         tensors.update(self.bufs)
         tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
@@ -1168,7 +1168,7 @@ class _Run:
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
-                      NKP=self.nkp, NKG=self.nkg)
+                      NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
@@ -1182,8 +1182,8 @@ class _Run:
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "seq_hv":
-                grid = (N * HV,)
+            elif kind == "key_state":  # the curvature sums: one program per BV columns of C, sequence and key head
+                grid = (triton.cdiv(DK, BV), N * H)
             elif kind == "state":
                 grid = (triton.cdiv(DV, BV), N * HV)
             else:
@@ -1298,10 +1298,11 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
+    nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
     run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-               dummy=dummy, dims=dims, nkp=nkp, nkg=nkg)
+               dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc)
     run.launch(kernels)
     final = None
     if output_final_state:
