@@ -32,18 +32,26 @@ def main() -> int:
     p.add_argument("--HV", type=int, default=4)
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--device", default="cuda", help="cpu: the same check under TRITON_INTERPRET=1 (small shapes)")
     a = p.parse_args()
+    dev = torch.device(a.device)
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("--device cpu runs the kernels under the interpreter: set TRITON_INTERPRET=1")
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     worst_all = 0.0
     for name in a.systems:
         rec = dgps.load(str(ROOT / "specs" / f"{name}.dgps"))
         dims = Dims(a.B, a.T, a.H, a.HV, a.D, a.D)
-        x = {k: v.to(dtype).cuda() for k, v in rec.random_inputs(a.B, a.T, a.H, a.D, a.D, a.HV, seed=0).items()}
-        st = {k: v.cuda() for k, v in random_states(rec.ir, dims, a.B, 0).items()}
+        x = {k: v.to(dtype).to(dev) for k, v in rec.random_inputs(a.B, a.T, a.H, a.D, a.D, a.HV, seed=0).items()}
+        st = {k: v.to(dev) for k, v in random_states(rec.ir, dims, a.B, 0).items()}
         gen = torch.Generator().manual_seed(1)
-        do = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).cuda()
-        dfin = {k: torch.randn(s, generator=gen).cuda() for k, s in state_shapes(rec.ir, dims, a.B).items() if k != "n"}
-        dr = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).cuda() if rec.ir.route != "none" else None
+        do = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).to(dev)
+        dfin = {k: torch.randn(s, generator=gen).to(dev) for k, s in state_shapes(rec.ir, dims, a.B).items() if k != "n"}
+        dr = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).to(dev) if rec.ir.route != "none" else None
         x64 = {k: v.double().requires_grad_() for k, v in x.items()}
         s64 = {k: v.double().requires_grad_(k != "n") for k, v in st.items()}
         out = rec.reference(**x64, initial_state=s64, output_final_state=True)
@@ -58,12 +66,12 @@ def main() -> int:
                 for k in kernels:
                     print("launch", k[0], flush=True)
                     _orig(self, [k])
-                    torch.cuda.synchronize()
+                    sync()
             mod._Run.launch = launch
         # the training path: the forward keeps its per-token buffers, the backward reuses them
         fwd, kept = mod.chunk_forward_train(x, initial_state=st)
         gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, d_route=dr, kept=kept)
-        torch.cuda.synchronize()
+        sync()
         ours = {**gx, **{f"state {k}": v for k, v in gs.items()}}
         errs = {"o": ((fwd.o.double() - out.o).norm() / out.o.norm()).item(),
                 "S": ((fwd.final_state["S"].double() - out.final_state["S"]).norm() / out.final_state["S"].norm()).item()}
