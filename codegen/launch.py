@@ -120,6 +120,13 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # spill / shared: forward 245-255 / 0-8 B / 24 KB (2 stages: 40-88 B spill); bwd_curvature_query 255 / 96 B /
         # 28 KB (2 stages 64 B and 148 KB; 8 warps 8 B; uncentred 8 B); bwd_curvature_key, 2 stages, 255 / 8 B / 112 KB
         # (1 stage: 216 B; uncentred 187 / 0 / 120 KB); bwd_curvature_state 94 / 0 / 20 KB. Not yet timed on the H200
+        # H200, ccq_gdn (run 43, .dbg-style check of dλ at each setting, then benchmarks/tune.py in run 44): the
+        # forward at BV 32 / 4 warps 0.926 ms (BV 64 / 8 warps 1.12, BV 16 / 4 warps 1.53). bwd_curvature_query at
+        # BV 32 / 4 warps / 1 stage (its 96 B spill) gave a wrong dλ (relative error 1.39; every other gradient
+        # right; the interpreter right at the same shape): a Triton 3.6 sm_90 build error. BV 64 / 8 warps 0.811 ms
+        # (the fastest that is right; BV 32 / 4 warps / 2 stages 0.956, BV 32 / 8 warps 1.24)
+        if name == "bwd_curvature_query":
+            return max(bk_block, BK // 2), min(64, BK), 8, 1
         stages = 2 if name == "bwd_curvature_key" else 1
         return max(bk_block, BK // 2), min(32, BK), 4, stages
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
