@@ -429,14 +429,17 @@ def rule_curvature_query(b: _Builder) -> None:
             "n0": "n0"}
     # the sums are an undecayed additive linear attention whose value is the key (§4): tiled as a state pass, C's
     # columns in blocks, one program per block, sequence and key head (λ, per value head, enters only q̂)
-    b.add("curvature_query", "curvature_query", bind,
-          [b.new("qp", "[B,T,HV,dk]", "in"), b.new("C_final", "[N,H,dk,dk]", "fp32"),
-           b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")],
+    # q̂ in fp32: λ·corr is a small share of q̂ that a 16-bit store would round away in the backward's products
+    outs = [b.new("qp", "[B,T,HV,dk]", "fp32"), b.new("C_final", "[N,H,dk,dk]", "fp32"),
+            b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")]
+    if b.ir.read.centered:
+        # the backward's passes rerun the C carry but carry no m: a training step leaves them m_n per chunk and mᵀq
+        # per token
+        outs += [b.new("m_n", "[B,NT,H,dk]", "fp32"), b.new("mq", "[B,T,H]", "fp32")]
+    b.add("curvature_query", "curvature_query", bind, outs,
           centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
           form="corr = (Q C_n + tril(Q K^T) K) / tau" + (" - M (m^T q) / tau^2" if b.ir.read.centered else "") +
-          "; qp = q - lam corr; C_(n+1) = C_n + K^T K",
-          # the backward's passes carry no m: a training step leaves them m_n per chunk and m^T q per token
-          keeps=("m_n", "mq") if b.ir.read.centered else None)
+          "; qp = q - lam corr; C_(n+1) = C_n + K^T K")
     b.roles["q_read"] = b.roles["qp"]
     b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
@@ -1077,8 +1080,10 @@ def _stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     return not (in_launch and f"{st.kind}.{o.name}" not in read)
 
 
-# Per-chunk operands a reverse pass reads that the forward plan does not list (a rerun of the stage forms them).
-PER_CHUNK_INTERNALS = {"curvature_query": "sums C_n, m_n (dk×dk per chunk and head)"}
+# Per-chunk operands a reverse pass reads that the forward plan does not list (a rerun of the stage forms them). None
+# today: the curvature read's reverse passes rerun the sums' carry themselves (bwd_curvature_query, bwd_curvature_key)
+# and read only m_n and mᵀq, which the training forward stores, so curvature_query is kept (its q̂) like any stage.
+PER_CHUNK_INTERNALS: dict[str, str] = {}
 
 
 def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
@@ -1111,7 +1116,7 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
                  if kind == "interaction" else "")
         return f"{cost}, not rerun; nothing of it is stored{again}"
     carries = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and len(o.dims) == 4]
-    if carries:
+    if carries and kind == "precond_diag":
         return (f"{cost}: kept; its per-token statistic is not: the carries {carries[0].name} "
                 f"({bytes_per_token(carries[0])} B) at each chunk's start let bwd_precond_diag re-form it, after the "
                 "peak, where only the chain rule reads it")

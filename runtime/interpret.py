@@ -328,7 +328,7 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
     n = vals["n0"]
     assert isinstance(n, torch.Tensor)
     centered = st.attr("centered")
-    pieces = []
+    pieces, m_starts, mqs = [], [], []
     for _, s, e, x in _chunks_of(ctx, vals, st, "q", "k", "lam"):
         Q, K, lam = x["q"], x["k"], x["lam"]
         assert Q is not None and K is not None and lam is not None
@@ -340,12 +340,18 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
             mq = (Q @ m.unsqueeze(-1)) + P.sum(-1, keepdim=True)
             Mrows = m.unsqueeze(-2) + torch.cumsum(K, dim=-2)
             corr = corr - (mq / tau**2) * Mrows
+            m_starts.append(m[:, ::ctx.G])
+            mqs.append(mq[:, ::ctx.G, :, 0].transpose(1, 2))
         pieces.append((Q - lam * corr).transpose(1, 2))
         C = C + K.mT @ K
         m = m + K.sum(-2)
         n = n + c
-    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: C[:, ::ctx.G],
-            st.outputs[2].name: m[:, ::ctx.G], st.outputs[3].name: n}
+    out = {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: C[:, ::ctx.G],
+           st.outputs[2].name: m[:, ::ctx.G], st.outputs[3].name: n}
+    if centered:  # what a training step leaves the backward's passes: m_n per chunk, mᵀq per token
+        out[st.outputs[4].name] = torch.stack(m_starts, dim=1)
+        out[st.outputs[5].name] = torch.cat(mqs, dim=1)
+    return out
 
 
 def run_interaction(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:

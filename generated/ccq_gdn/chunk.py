@@ -1765,7 +1765,6 @@ def _rerun_kernels(kept):
     for the backward stages (the forward's may have the output fused in, and store neither)."""
     if kept:
         return [
-            ("curvature_query", chunk_curvature_query_kernel, "key_state"),
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
     return [
@@ -1779,7 +1778,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "mn_buf", "mq_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1900,6 +1899,9 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["pn_k"] = (TT * H * DK, dt)
     b["g_buf"] = (TT * HV, f32)
     b["qh_buf"] = (TT * HV * DK, f32)
+    if keep:  # the backward's curvature passes read m_n per chunk and mᵀq per token (they carry no m)
+        b["mn_buf"] = ((triton.cdiv(TT, BT) + N) * H * DK, f32)
+        b["mq_buf"] = (TT * H, f32)
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
@@ -1970,9 +1972,6 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     bufs["c0"], bufs["m0"], bufs["n0"] = st["C"], st["m"], st["n"]
     bufs["c_out"] = torch.empty_like(st["C"])
     bufs["m_out"] = torch.empty_like(st["m"])
-    if keep:  # the backward's curvature passes read m_n per chunk and mᵀq per token (they carry no m)
-        bufs["mn_buf"] = torch.empty(NT * H * DK, **f32)
-        bufs["mq_buf"] = torch.empty(TT * H, **f32)
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
     takes = _takes(kernels)

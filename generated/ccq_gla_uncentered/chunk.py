@@ -1867,7 +1867,6 @@ def _rerun_kernels(kept):
     for the backward stages (the forward's may have the output fused in, and store neither)."""
     if kept:
         return [
-            ("curvature_query", chunk_curvature_query_kernel, "key_state"),
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
     return [
@@ -1881,7 +1880,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "s_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "s_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
