@@ -211,10 +211,11 @@ print(time.time() - t0)
 """
 
 
-def cold_start(spec: str, parallel: bool = False) -> float:
+def cold_start(spec: str, mode: str = "0") -> float:
+    """Seconds to a fresh process's first forward+backward of `spec` with empty caches; `mode`: DGPS_PARALLEL_COMPILE."""
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, DGPS_CACHE_DIR=f"{d}/dgps", TRITON_CACHE_DIR=f"{d}/triton")
-        env["DGPS_PARALLEL_COMPILE"] = "1" if parallel else "0"
+        env["DGPS_PARALLEL_COMPILE"] = mode
         env.pop("TRITON_STORE_BINARY_ONLY", None)
         path = str(ROOT / "specs" / f"{spec}.dgps")
         out = subprocess.run([sys.executable, "-c", COLD % (path, path)], env=env, capture_output=True, text=True,
@@ -239,7 +240,7 @@ def main() -> int:
     p.add_argument("--variants", nargs="*", choices=("scalar", "vector"), default=None,
                    help="the variants FLA lacks against their base system: both families, or those named")
     p.add_argument("--cold-start", action="store_true")
-    p.add_argument("--cold-start-rounds", type=int, default=2, help="interleaved rounds of the two cold-start modes")
+    p.add_argument("--cold-start-rounds", type=int, default=2, help="interleaved rounds of the cold-start modes")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--accuracy", action="store_true",
@@ -325,11 +326,12 @@ def main() -> int:
                 Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print("variants", json.dumps(result["variants_fwdbwd_ms"]), flush=True)
     if args.cold_start:
-        # two interleaved rounds, so that a busy host slows both alike; the faster of each pair is kept
-        times: dict[str, list[float]] = {"gdn": [], "gdn_parallel_compile": []}
+        # interleaved rounds, so that a busy host slows every mode alike; the fastest of each mode is kept
+        modes = {"gdn": "0", "gdn_compile_threads": "threads", "gdn_compile_processes": "processes"}
+        times: dict[str, list[float]] = {k: [] for k in modes}
         for _ in range(args.cold_start_rounds):
-            for key, parallel in (("gdn", False), ("gdn_parallel_compile", True)):
-                times[key].append(cold_start("gdn", parallel))
+            for key, mode in modes.items():
+                times[key].append(cold_start("gdn", mode))
         result["cold_start_s"].update({k: min(v) for k, v in times.items()})
         print("cold start", result["cold_start_s"], flush=True)
     print(f"\n{'system':<12} {'FLA fwd':>8} {'dgps fwd':>8} {'ratio':>6} {'FLA f+b':>8} {'dgps f+b':>8} {'ratio':>6} "

@@ -1,34 +1,77 @@
-"""Compile a launch list's kernels in parallel before the first launch (opt-in, DGPS_PARALLEL_COMPILE=1).
+"""Compile a launch list's kernels in parallel before its first launch (opt-in, DGPS_PARALLEL_COMPILE).
 
-A cold first call JIT-compiles every kernel of the plan one after another (about 21 s for gdn's training step
-on the H200, 2026-12-01, run 11). Triton's AsyncCompileMode (a private module of Triton 3.6–3.9) lets
-`warmup` hand each compile to an executor; the compiled kernels land in the kernels' own caches, so the
-launches that follow find them. Opt-in until an H200 run has timed it: the compiles run in threads, and how
-much of Triton's pipeline overlaps (ptxas runs as a subprocess; the MLIR passes may hold the GIL) is measured
-there, not here.
+A cold first call JIT-compiles every kernel of the plan one after another (19.9 s for gdn's first training step in a
+fresh process on the H200, 2026-12-01, run 45). Two ways to do it at once, both leaving the compiled kernels in
+Triton's on-disk cache or the kernels' own caches, so the launches that follow find them:
+
+- ``DGPS_PARALLEL_COMPILE=threads``: Triton's AsyncCompileMode (a private module of Triton 3.6–3.9) hands each
+  `warmup` to a thread pool. Triton's passes hold the GIL, so only ptxas overlaps: 16.6 s in run 45.
+- ``DGPS_PARALLEL_COMPILE=1`` (or ``processes``): compile workers, separate Python processes started when the first
+  chunk module is imported (their interpreter, torch and Triton load while the host builds its first inputs),
+  each compiling its share of a launch list with the same `warmup` call the host would make, into the shared
+  on-disk cache (TRITON_CACHE_DIR). A worker sees a tensor argument only as its dtype and its 16-byte alignment,
+  which is all Triton specialises a kernel on besides the constants; a kernel it could not compile, or compiled
+  under another key, is simply compiled by the host at its launch, as without the option.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-from collections.abc import Hashable, Sequence
+import select
+import subprocess
+import sys
+from collections.abc import Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import Any
 
 _WARMED: set[Hashable] = set()
+_WORKERS: list[subprocess.Popen] = []
+MAX_WORKERS = 8  # a launch list holds at most about that many kernels
+WORKER_IDLE_S = 60.0  # a first training step's launch lists come within seconds of each other
+
+
+def parallel_compile_mode() -> str:
+    """"off", "threads" or "processes" (DGPS_PARALLEL_COMPILE: unset / 0, threads, 1 / processes)."""
+    value = os.environ.get("DGPS_PARALLEL_COMPILE", "0").strip().lower()
+    if value in ("", "0", "off"):
+        return "off"
+    return "threads" if value == "threads" else "processes"
 
 
 def parallel_compile_enabled() -> bool:
-    return os.environ.get("DGPS_PARALLEL_COMPILE", "0") not in ("", "0")
+    return parallel_compile_mode() != "off"
+
+
+def start_compile_workers(count: int | None = None) -> None:
+    """Start the compile workers of the processes mode, once per process, without waiting for them (a chunk module
+    calls this at import: by the first launch the workers have loaded torch and Triton)."""
+    _WORKERS[:] = [w for w in _WORKERS if w.poll() is None]  # those gone idle have exited
+    if _WORKERS or parallel_compile_mode() != "processes":
+        return
+    env = dict(os.environ, DGPS_PARALLEL_COMPILE="0",  # a worker imports chunk modules too: no workers of its own
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    for _ in range(count or min(MAX_WORKERS, os.cpu_count() or 1)):
+        _WORKERS.append(subprocess.Popen([sys.executable, "-m", "dgps.runtime.warmup"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True))
 
 
 def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str, Any]]], key: Hashable,
                         workers: int | None = None) -> bool:
     """Compile every (kernel, grid, launch kwargs) of `launches` in parallel, once per `key` (the launch list's
-    kernels and constexprs); True when it compiled, False when `key` was already warmed or Triton has no
-    AsyncCompileMode (then the launches compile one by one, as without the option)."""
+    kernels and constexprs); True when it compiled, False when `key` was already warmed or the mode cannot run
+    here (then the launches compile one by one, as without the option)."""
     if key in _WARMED:
         return False
+    mode = parallel_compile_mode()
+    if mode == "processes":
+        jobs = [_job(kernel, grid, kwargs) for kernel, grid, kwargs in launches]
+        if all(j is not None for j in jobs):
+            start_compile_workers(workers)
+            _WARMED.add(key)
+            return _compile_in_workers([j for j in jobs if j is not None])
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
@@ -39,3 +82,111 @@ def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str,
         for kernel, grid, kwargs in launches:
             kernel.warmup(grid=grid, **kwargs)
     return True
+
+
+def _job(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> dict | None:
+    """One warmup as JSON a worker can replay: the kernel by module file and name, each tensor as its dtype, device
+    and alignment; None where an argument has no such form (the threads path then takes the list)."""
+    fn = getattr(kernel, "fn", None)
+    module = sys.modules.get(getattr(fn, "__module__", ""), None)
+    path = getattr(module, "__file__", None)
+    if fn is None or path is None:
+        return None
+    args: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+            args[name] = {"tensor": str(value.dtype).removeprefix("torch."), "device": str(value.device),
+                          "aligned": value.data_ptr() % 16 == 0}
+        elif value is None or isinstance(value, bool | int | float | str):
+            args[name] = value
+        else:
+            return None
+    return {"module": module.__name__, "file": path, "kernel": fn.__name__, "grid": list(grid), "kwargs": args}
+
+
+def _compile_in_workers(jobs: list[dict]) -> bool:
+    """Deal the jobs to the workers round-robin and wait for every answer; False if a worker has gone (the launches
+    then compile what is missing themselves)."""
+    live = [w for w in _WORKERS if w.poll() is None]
+    if not live:
+        return False
+    shares = [jobs[i::len(live)] for i in range(len(live))]
+    ok = True
+    try:
+        for worker, share in zip(live, shares, strict=True):
+            assert worker.stdin is not None
+            worker.stdin.write("".join(json.dumps(job) + "\n" for job in share))
+            worker.stdin.flush()
+        for worker, share in zip(live, shares, strict=True):
+            for _ in share:
+                assert worker.stdout is not None
+                ok = worker.stdout.readline().strip() == "ok" and ok
+    except OSError:  # a worker went away (idle exit racing this list): what it did not compile, the launch will
+        return False
+    return ok
+
+
+def _import_file(name: str, path: str) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:  # an empty namespace parent, as runtime/compile.py gives packages
+        ns = ModuleType(parent)
+        ns.__path__ = []
+        sys.modules[parent] = ns
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _argument(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    import torch
+
+    dtype = getattr(torch, value["tensor"])
+    base = torch.empty(64, dtype=dtype, device=value["device"])  # allocations are 256-byte aligned
+    return base if value["aligned"] else base[1:]
+
+
+def _lines(fd: int, idle_s: float) -> Iterator[str]:
+    """The lines arriving on `fd` (unbuffered, so that select sees every pending byte) until it closes or stays
+    silent for `idle_s` seconds."""
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            yield line.decode()
+        if not select.select([fd], [], [], idle_s)[0]:
+            return
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        pending += chunk
+
+
+def _worker() -> int:
+    """A compile worker: one JSON job per line on stdin, "ok" or "error ..." per job on stdout. It exits when the host
+    does, or after WORKER_IDLE_S without a job (each worker holds a CUDA context, some 0.3-0.5 GB of device memory;
+    a later launch list of the host starts workers again)."""
+    import torch
+
+    for line in _lines(sys.stdin.fileno(), WORKER_IDLE_S):
+        try:
+            job = json.loads(line)
+            kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
+            device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)
+            getattr(_import_file(job["module"], job["file"]), job["kernel"]).warmup(grid=tuple(job["grid"]), **kwargs)
+            print("ok", flush=True)
+        except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
+            print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker())

@@ -32,11 +32,13 @@ from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
 from dgps.runtime.launcher import launch_all
-from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled
+from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
 from dgps.runtime.reference import RecurrenceOutput, initial_states
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
 announce_interpreter()
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_available():
+    start_compile_workers()  # DGPS_PARALLEL_COMPILE=1 only: the workers load while the host builds its first inputs
 NAME = "mamba2"
 BT = 64
 BC = 16
