@@ -377,7 +377,7 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
     sequences. `layout` (instead of cu_seqlens): a prebuilt SliceLayout (fla_compat's FLA contexts).
     """
     ir: IR = pkg.IR
-    plan = cp_plan(ir)
+    plan = _cached_cp_plan(ir)
     if plan.refused:
         raise CPUnsupported(f"{ir.name}.forward(cp_group=...): context parallelism is refused: {plan.refused}")
     x, dims = check_inputs(ir, inputs)
@@ -391,6 +391,16 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
         cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
         layout = slice_layout(cu, dims.B, start, start + dims.T, total)
     sl = _make_slice(pkg, x, dims, layout, initial_state, scale)
+    if not _has_cp_kernels(pkg):
+        return _cp_forward_calls(sl, group, output_final_state)
+    out = _cp_call(sl, group)
+    return RecurrenceOutput(out.o, _place_finals(sl, out) if output_final_state else None, out.route)
+
+
+def _cp_forward_calls(sl: _Slice, group: Any, output_final_state: bool) -> RecurrenceOutput:
+    """CP through whole package calls (a package without the chunk module's CP entry points): one from zero
+    states for the auxiliary offsets, the widened call for (M, h0), the real one; autograd through all three."""
+    rank = _rank(group)
     ties: tuple[torch.Tensor, ...] = ()
     # 1. the auxiliary chains first: S's transitions read their true incoming values
     aux_in: dict[str, torch.Tensor] = {}
@@ -406,10 +416,231 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
     ties += raw
     s_in = compose([(g[0], g[1]) for g in gathered], rank, matrix=True)
     # 3. the slice from its true incoming states
-    out = sl.call(x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
+    out = sl.call(sl.x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
     final = _place_finals(sl, out) if output_final_state else None
     o = _Tie.apply(out.o, *ties) if torch.is_grad_enabled() and any(t.requires_grad for t in ties) else out.o
     return RecurrenceOutput(o, final, out.route)
+
+
+_CP_PLANS: dict[int, tuple[IR, CPPlan]] = {}
+
+
+def _cached_cp_plan(ir: IR) -> CPPlan:
+    """cp_plan(ir), once per IR object (its checks run sympy)."""
+    hit = _CP_PLANS.get(id(ir))
+    if hit is None or hit[0] is not ir:
+        hit = _CP_PLANS[id(ir)] = (ir, cp_plan(ir))
+    return hit[1]
+
+
+def _has_cp_kernels(pkg: ModuleType) -> bool:
+    """Whether the package's chunk module carries the CP forward and backward (compiler/plan.py: cp_stages)."""
+    chunk = getattr(pkg, "chunk", None)
+    if chunk is None or not hasattr(chunk, "chunk_forward_cp") or not hasattr(chunk, "_cp_bwd_kernels"):
+        return False
+    try:
+        chunk._cp_bwd_kernels()
+    except NotImplementedError:  # no chunked backward: the package calls, under autograd
+        return False
+    return True
+
+
+# ---- the kernel-level path: one autograd node per slice ---------------------------------------------------------
+# The chunk module runs the stages that read no incoming state once and the state passes once per pass
+# (chunk_forward_cp / chunk_backward_cp); this module does the exchanges between the passes with plain collectives,
+# forwards and backwards: every rank's backward runs the same collectives in the same order, as its forward did.
+
+
+@dataclass
+class _Exchanged:
+    """What the forward's exchanges leave for the backward's: per rank, whether its first segment continues a
+    sequence, its transition product M (zero where a sequence starts in it) and its auxiliary multipliers."""
+
+    carry: list[bool]
+    Ms: list[torch.Tensor]
+    mults: dict[str, list[torch.Tensor]]
+
+
+def _gather_plain(tensors: Sequence[torch.Tensor], group: Any) -> list[list[torch.Tensor]]:
+    """Every rank's copy of `tensors` (the same shapes on every rank), fp32, through one flat all_gather."""
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, flat, group=group)
+    sizes = [t.numel() for t in tensors]
+    return [[q.reshape(t.shape) for q, t in zip(p.split(sizes), tensors, strict=True)] for p in parts]
+
+
+def _with_head(lay: SliceLayout, s: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """`s` with the rows of the continued segment replaced by `head`."""
+    head = head.to(s.dtype)
+    return torch.cat([head, s[1:]], dim=0) if lay.packed else head
+
+
+def _tail_into(lay: SliceLayout, like: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """A zero tensor shaped like the per-segment `like`, with the outgoing rows set to `tail`."""
+    return torch.cat([torch.zeros_like(like[:-1]), tail], dim=0) if lay.packed else tail.reshape(like.shape)
+
+
+def _later(ex: _Exchanged, rank: int) -> bool:
+    """Whether anything of a later rank reads this rank's outgoing state (the next rank continues its sequence)."""
+    return rank + 1 < len(ex.carry) and ex.carry[rank + 1]
+
+
+def _exchange_aux(sl: _Slice, group: Any, ex: _Exchanged, init: Mapping[str, torch.Tensor],
+                  finals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The forward's auxiliary exchange: every rank's (offset, multiplier); the true incoming auxiliary states."""
+    lay, rank = sl.lay, _rank(group)
+    offs = [_tail(lay, finals[n]) for n in sl.aux]
+    mults = [_aux_multiplier(sl.ir, n, sl.x, sl.dims, lay, o) for n, o in zip(sl.aux, offs, strict=True)]
+    parts = _gather_plain(offs + mults, group)
+    k = len(sl.aux)
+    ex.mults = {n: [p[k + i] for p in parts] for i, n in enumerate(sl.aux)}
+    true = dict(init)
+    if lay.carry_in:
+        for i, n in enumerate(sl.aux):
+            c = compose([(p[k + i], p[i]) for p in parts], rank, matrix=False)
+            assert c is not None
+            true[n] = _with_head(lay, init[n], c)
+    return {n: true[n] for n in sl.aux}
+
+
+def _exchange_state(sl: _Slice, group: Any, ex: _Exchanged, init: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """The forward's S exchange: every rank's (M, h0) from its transition's final state ([h0 | M], or h0 alone where
+    M is zero by the layout); the true incoming S."""
+    lay, rank, dv, dk = sl.lay, _rank(group), sl.dims.dv, sl.dims.dk
+    tail = _tail(lay, final)
+    h0 = tail[..., :dv]
+    m = tail[..., dv:] if final.shape[-1] > dv and lay.passes_through else h0.new_zeros((*h0.shape[:-1], dk))
+    parts = _gather_plain([m, h0, torch.tensor([float(lay.carry_in)], device=h0.device)], group)
+    ex.carry = [bool(c) for c in torch.cat([p[2] for p in parts]).tolist()]
+    ex.Ms = [p[0] for p in parts]
+    if not lay.carry_in:
+        return init
+    s_in = compose([(p[0], p[1]) for p in parts], rank, matrix=True)
+    assert s_in is not None
+    return _with_head(lay, init, s_in)
+
+
+def _exchange_state_grad(sl: _Slice, group: Any, ex: _Exchanged, st: torch.Tensor, ds0: torch.Tensor | None
+                         ) -> torch.Tensor | None:
+    """The backward's S exchange: every rank's d0 (the adjoint of its incoming state from its own outputs; zero where
+    its first segment starts a sequence); this rank's g = d0_(r+1) + M_(r+1)^T g_(r+1), the adjoint of its outgoing
+    state from the later ranks, on the outgoing rows (None: zero by the layout)."""
+    lay, rank = sl.lay, _rank(group)
+    d0 = _head(lay, ds0) if ds0 is not None else torch.zeros_like(_head(lay, st))
+    parts = _gather_plain([d0], group)
+    if not _later(ex, rank):
+        return None
+    g = None
+    for j in range(len(parts) - 1, rank, -1):
+        dj = parts[j][0] if ex.carry[j] else torch.zeros_like(parts[j][0])
+        g = dj if g is None else dj + torch.matmul(ex.Ms[j].transpose(-1, -2), g)
+    assert g is not None
+    return _tail_into(lay, st, g)
+
+
+def _exchange_aux_grad(sl: _Slice, group: Any, ex: _Exchanged, st: Mapping[str, torch.Tensor],
+                       d0: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """The backward's auxiliary exchange, elementwise: g = d0_(r+1) + mult_(r+1) * g_(r+1) per auxiliary state."""
+    lay, rank = sl.lay, _rank(group)
+    names = [n for n in sl.aux if n != "n"]  # the count has no adjoint
+    mine = [_head(lay, d0[n]) if d0 is not None else torch.zeros_like(_head(lay, st[n])) for n in names]
+    parts = _gather_plain(mine, group)
+    if not _later(ex, rank):
+        return None
+    out = {}
+    for i, n in enumerate(names):
+        g = None
+        for j in range(len(parts) - 1, rank, -1):
+            dj = parts[j][i] if ex.carry[j] else torch.zeros_like(parts[j][i])
+            g = dj if g is None else dj + ex.mults[n][j] * g
+        assert g is not None
+        out[n] = _tail_into(lay, st[n], g)
+    return out
+
+
+def _cp_run(sl: _Slice, group: Any, x: Mapping[str, torch.Tensor], h0: Mapping[str, torch.Tensor], keep: bool
+            ) -> tuple[RecurrenceOutput, list[torch.Tensor], dict[str, torch.Tensor], _Exchanged]:
+    """The slice's forward through the chunk module's CP entry point: (o / finals / route, the kept buffers, the
+    true initial states, what the exchanges leave for the backward)."""
+    lay, dk = sl.lay, sl.dims.dk
+    ex = _Exchanged([], [], {})
+    init = {n: (_with_head(lay, s, torch.zeros_like(_head(lay, s))) if lay.carry_in else s).float().contiguous()
+            for n, s in h0.items()}
+    transition = None
+    if lay.carry_in:  # [0 | I] on the continued rows where the outgoing state can depend on the incoming one
+        s = init["S"]
+        transition = s
+        if lay.passes_through:
+            eye = torch.zeros((*s.shape[:3], dk), dtype=s.dtype, device=s.device)
+            head = _head(lay, eye)
+            head = head + torch.eye(dk, dtype=s.dtype, device=s.device)
+            transition = torch.cat([s, _with_head(lay, eye, head)], dim=-1)
+    out, kept, st = sl.pkg.chunk.chunk_forward_cp(
+        dict(x), initial_state=init, continued=lay.carry_in, transition_state=transition,
+        exchange_aux=lambda fin: _exchange_aux(sl, group, ex, init, fin),
+        exchange_state=lambda fin: _exchange_state(sl, group, ex, init["S"], fin),
+        cu_seqlens=sl.local_cu, scale=sl.scale, keep=keep)
+    return out, kept, st, ex
+
+
+class _CPCall(torch.autograd.Function):
+    """One slice's CP forward and backward: the inputs and the local rows of the initial states in; o, the route (if
+    any) and the local final states out. The exchanges are collectives inside both."""
+
+    @staticmethod
+    def forward(ctx, sl, group, n_x, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
+        names = list(sl.x)
+        x = dict(zip(names, tensors[:n_x], strict=True))
+        h0 = dict(zip(sl.ir.state_names, tensors[n_x:], strict=True))
+        out, kept, st, ex = _cp_run(sl, group, x, h0, keep=True)
+        assert out.final_state is not None
+        ctx.sl, ctx.group, ctx.names, ctx.kept, ctx.st, ctx.ex = sl, group, names, kept, st, ex
+        ctx.o_like = (out.o.shape, out.o.dtype, out.o.device)
+        ctx.save_for_backward(*tensors[:n_x])
+        ctx.set_materialize_grads(False)
+        finals = [out.final_state[n] for n in sl.ir.state_names]
+        if "n" in sl.ir.state_names:
+            ctx.mark_non_differentiable(finals[sl.ir.state_names.index("n")])
+        return (out.o, *((out.route,) if out.route is not None else ()), *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
+        sl, group, ex, st = ctx.sl, ctx.group, ctx.ex, ctx.st
+        x = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
+        has_route = len(grads) > 1 + len(sl.ir.state_names)
+        shape, dtype, device = ctx.o_like
+        do = grads[0] if grads[0] is not None else torch.zeros(shape, dtype=dtype, device=device)
+        d_route = grads[1] if has_route else None
+        dfin = {n: g for n, g in zip(sl.ir.state_names, grads[1 + has_route:], strict=True)
+                if g is not None and n != "n"}
+        kept, ctx.kept = ctx.kept, None  # one backward owns them; a second one reruns the forward's stages
+        g_in, g_st = sl.pkg.chunk.chunk_backward_cp(
+            x, initial_state=st, do=do, d_final_state=dfin, d_route=d_route, cu_seqlens=sl.local_cu, scale=sl.scale,
+            kept=kept or None, continued=sl.lay.carry_in,
+            exchange_state=lambda ds0: _exchange_state_grad(sl, group, ex, st["S"], ds0),
+            exchange_aux=lambda d0: _exchange_aux_grad(sl, group, ex, st, d0))
+        dh = []
+        for n in sl.ir.state_names:  # the continued segment's rows did not read the given initial state
+            g = g_st.get(n)
+            if g is not None and sl.lay.carry_in:
+                g = _with_head(sl.lay, g, torch.zeros_like(_head(sl.lay, g)))
+            dh.append(g)
+        return (None, None, None, *(g_in.get(n) for n in ctx.names), *dh)
+
+
+def _cp_call(sl: _Slice, group: Any) -> RecurrenceOutput:
+    """The slice's CP forward on the kernel-level path, local final states per segment (under autograd: _CPCall)."""
+    h0 = {n: s[list(sl.lay.rows)] for n, s in sl.h0.items()}
+    tensors = [*sl.x.values(), *(h0[n] for n in sl.ir.state_names)]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return _cp_run(sl, group, sl.x, h0, keep=False)[0]
+    outs = _CPCall.apply(sl, group, len(sl.x), *tensors)
+    route = outs[1] if len(outs) > 1 + len(sl.ir.state_names) else None
+    finals = dict(zip(sl.ir.state_names, outs[1 + (route is not None):], strict=True))
+    return RecurrenceOutput(outs[0], finals, route)
 
 
 def simulate(spec: str, ranks: int, T: int, decay: str = "strong", *, H: int = 2, dk: int = 16, dv: int = 16,

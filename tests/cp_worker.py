@@ -5,7 +5,9 @@
 For each case, rank 0 runs the unsharded call (forward and backward) and saves it; every rank then runs its
 slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
 params' and initial states' summed over the ranks, as data-parallel training would) with the unsharded ones.
-Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}.
+Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}, and OUT_DIR/counts_rank{RANK}.json: {case:
+{"forward": {stage: launches}, "backward": {...}}} of the CP call (recorded at the chunk module's one launch point,
+`_Run.launch`, and launched as usual).
 """
 
 from __future__ import annotations
@@ -46,6 +48,32 @@ def _losses(out, dos: dict[str, torch.Tensor]) -> torch.Tensor:  # noqa: ANN001
     return loss
 
 
+COUNTS: dict[str, dict[str, dict[str, int]]] = {}
+
+
+class _Count:
+    """Count the launches of `mod._Run.launch` per stage name, into the phase `self.phase`."""
+
+    def __init__(self, mod) -> None:  # noqa: ANN001
+        self.mod, self.phase, self.counts = mod, "forward", {"forward": {}, "backward": {}}
+
+    def __enter__(self) -> _Count:
+        self.orig = orig = self.mod._Run.launch
+        count = self
+
+        def launch(run, kernels):  # noqa: ANN001, ANN202
+            for k in kernels:
+                c = count.counts[count.phase]
+                c[k[0]] = c.get(k[0], 0) + 1
+            return orig(run, kernels)
+
+        self.mod._Run.launch = launch
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mod._Run.launch = self.orig
+
+
 def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
     spec, layout, h0_kind = case.split(":")
     pkg = importlib.import_module(f"dgps.generated.{spec}")
@@ -80,9 +108,13 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     lo, hi = rank * step, (rank + 1) * step
     xs = {n: (t.clone() if n in params else t[:, lo:hi].clone()).requires_grad_() for n, t in x.items()}
     hs = {n: s.clone().requires_grad_() for n, s in h0.items()}
-    out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu, cp_group=dist.group.WORLD)
     sl = {"o": dos["o"][:, lo:hi], "route": dos["route"][:, lo:hi], **{k: v for k, v in dos.items() if k.startswith("final_")}}
-    _losses(out, sl).backward()
+    with _Count(pkg.chunk) as count:
+        out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu,
+                          cp_group=dist.group.WORLD)
+        count.phase = "backward"
+        _losses(out, sl).backward()
+    COUNTS[case] = count.counts
     errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}
     if out.route is not None:
         errs["route"] = _max_rel(out.route, ref["route"][:, lo:hi])
@@ -185,6 +217,7 @@ def main() -> None:
             (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
             raise
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    (out_dir / f"counts_rank{rank}.json").write_text(json.dumps(COUNTS))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
