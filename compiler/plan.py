@@ -1526,40 +1526,44 @@ def cp_stages(plan: Plan, bp: BackwardPlan | None = None) -> CPStages:
 
 
 def format_cp_stages(cs: CPStages, plan: Plan, bp: BackwardPlan | None) -> list[str]:
-    """The lines `dgps show --stage plan --cp` prints for the stage schedule of a slice."""
-    def names(ns: tuple[str, ...]) -> str:
-        return ", ".join(ns) or "-"
-
-    def fused(ns: tuple[str, ...]) -> str:
-        hosts = [launch_of(plan.stage(n)) for n in ns]
-        ins = [f"{n} in {h}" for n, h in zip(ns, hosts, strict=True) if h is not None and h != plan.stage(n).kind]
-        return f"  ({'; '.join(ins)}: one launch)" if ins else ""
-
-    lines = ["  stages per slice (compiler.plan.cp_stages; launches per CP call):",
-             f"    once           {names(cs.once)}{fused(cs.once)}",
-             "                   read no incoming state: computed once, their buffers serve both passes"]
-    if cs.aux:
-        lines += [f"    aux offsets    {names(cs.aux)}{fused(cs.aux)}",
-                  "                   from zero for the continued segment: the offsets; exchange 1",
-                  f"    after aux      {names(cs.after_aux)}{fused(cs.after_aux)}",
-                  "                   from the true incoming auxiliary states, once (what reads them but not S)"]
-    lines += [f"    transition     {names(cs.transition)}",
-              "                   from [0 | I] for the continued segment, value width dv + dk: [h0 | M]; exchange "
-              + ("2" if cs.aux else "1"),
-              f"    final          {names(cs.final)}{fused(cs.final)}",
-              "                   from the true incoming state: o, the route, the final states"]
+    """The lines `dgps show --stage plan --cp` prints: every launch of a CP slice, once or per pass."""
+    sts = plan.stages()
+    lines = ["  stages per slice (compiler.plan.cp_stages), forward, in launch order:"]
+    on_loads = [st.name for st in sts if launch_of(st) is None]
+    for host in dict.fromkeys(h for st in sts if (h := launch_of(st)) is not None):
+        names = [st.name for st in sts if launch_of(st) == host]
+        label = " + ".join(names)
+        first = names[0] if host not in {plan.stage(n).kind for n in names} else \
+            next(n for n in names if plan.stage(n).kind == host)
+        if first in cs.transition:
+            what = ("per pass: transition (alone, from [0 | I], value width dv + dk: [h0 | M]); exchange; final (from "
+                    "the true incoming S" + (", one launch with " + ", ".join(names[1:]) if len(names) > 1 else "") + ")")
+        elif first in cs.final:
+            what = "once: in the final pass (from the true incoming S)"
+        elif first in cs.aux:
+            what = ("per pass: the offsets (the continued segment from zero); exchange; again from the true incoming "
+                    "auxiliary states")
+        elif first in cs.after_aux:
+            what = "once: after the auxiliary exchange (reads the true incoming auxiliary states, not S)"
+        else:
+            what = "once: reads no incoming state"
+        lines.append(f"    {label:<34} {what}")
+    if on_loads:
+        lines.append(f"    {', '.join(on_loads):<34} on its consumers' tile loads (no launch)")
     if bp is None:
-        lines.append("    backward       recurrent (no chunk backward): under autograd")
+        lines.append("  backward: recurrent (no chunk backward): under autograd")
         return lines
-    rerun = ", ".join(bp.recomputed) or "-"
-    lines += [f"    backward rerun {rerun}  (from the true incoming states, as without CP)",
-              "    backward       " + "; ".join(
-                  {"first": f"{k} (the slice's own adjoints: d0)", "again": f"{k} (+ the later ranks' g)",
-                   "aux_first": f"{k} (own adjoints: d0 of the auxiliary states)",
-                   "aux_again": f"{k} (+ the later ranks' g)"}.get(t or "", k) if not k.startswith("exchange")
-                  else f"[{k}]" for k, t in cs.backward_order())]
-    per_pass = sorted(set(cs.bwd_again) | set(cs.bwd_aux_again))
-    once = [k for k in bp.kinds() if k not in per_pass]
-    lines += [f"      once: {', '.join(once)}; per pass (twice, each pass skipped where its adjoint is zero by the "
-              f"layout): {', '.join(per_pass) or '-'}"]
+    lines.append("  backward, in launch order (after the forward's recomputed stages, as without CP: "
+                 + (", ".join(bp.recomputed) or "-") + "):")
+    per_pass = set(cs.bwd_again) | set(cs.bwd_aux_again)
+    for k in bp.kinds():
+        if k in per_pass:
+            which = "S" if k in cs.bwd_again else "auxiliary states"
+            what = (f"per pass: the slice's own adjoints (d0 of the incoming {which}); exchange; + the later ranks' "
+                    "adjoint g of the outgoing ones")
+        else:
+            what = "once"
+        lines.append(f"    {k:<34} {what}")
+    lines.append("    (a pass whose adjoint is zero by the layout is skipped: no d0 where the slice continues no "
+                 "sequence, no g where the next rank starts one)")
     return lines

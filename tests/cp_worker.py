@@ -6,8 +6,9 @@ For each case, rank 0 runs the unsharded call (forward and backward) and saves i
 slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
 params' and initial states' summed over the ranks, as data-parallel training would) with the unsharded ones.
 Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}, and OUT_DIR/counts_rank{RANK}.json: {case:
-{"forward": {stage: launches}, "backward": {...}}} of the CP call (recorded at the chunk module's one launch point,
-`_Run.launch`, and launched as usual).
+{"forward": {stage: launches}, "backward": {...}, "continued": bool, "later": bool}} of the CP call (recorded at the
+chunk module's one launch point, `_Run.launch`, and launched as usual; continued: the slice's first segment continues
+a sequence from the previous rank; later: the next rank continues this one's last).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dgps.runtime.api import random_inputs  # noqa: E402
+from dgps.runtime.cp import slice_layout  # noqa: E402
 from dgps.runtime.reference import random_states  # noqa: E402
 from dgps.runtime.tensors import Dims  # noqa: E402
 
@@ -114,7 +116,11 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
                           cp_group=dist.group.WORLD)
         count.phase = "backward"
         _losses(out, sl).backward()
-    COUNTS[case] = count.counts
+    # the slice's layout, for the expected counts: its first segment continues a sequence; the next rank continues
+    # this rank's last one (else a pass of the backward has a zero adjoint and is skipped)
+    lays = [slice_layout(PACKED[world] if packed else None, B, r * step, (r + 1) * step, T) for r in range(world)]
+    COUNTS[case] = {**count.counts, "continued": lays[rank].carry_in,
+                    "later": rank + 1 < world and lays[rank + 1].carry_in}
     errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}
     if out.route is not None:
         errs["route"] = _max_rel(out.route, ref["route"][:, lo:hi])

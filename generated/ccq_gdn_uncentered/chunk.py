@@ -2007,43 +2007,50 @@ def _launch(run, kernels):
         run.launch(kernels)
 
 
-def chunk_forward_cp(inputs, *, initial_state, continued, transition_state, exchange_aux, exchange_state,
+def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_state, exchange_aux, exchange_state,
                      cu_seqlens=None, scale=None, keep=False):
     """One CP slice's forward (runtime/cp.py): the stages that read no incoming state run once; the state pass runs
     for the transition and again, with the output, from the true incoming state.
 
     initial_state: the states every local segment starts from, the continued segment's (the first) from zero;
-    continued: whether the first segment continues a sequence from the previous rank (else nothing of this slice
-    waits for an exchange: no transition pass, and the auxiliary scans run once);
+    continued: the first segment continues a sequence from the previous rank (else nothing here waits for an
+    exchange: the true pass runs first, and its final states are what this slice passes on);
+    outgoing: a later rank continues the last segment (else what this slice passes on is never read: neither the
+    transition nor the auxiliary offsets are formed, and the exchanges get None);
     transition_state: [N, HV, DK, DV + DK] ([0 | I] on the continued segment's rows) to widen the values by DK
-    columns, or [N, HV, DK, DV] where the outgoing state cannot depend on the incoming one;
-    exchange_aux(finals) -> the true initial auxiliary states (called once, with the auxiliary states' finals);
-    exchange_state(final) -> the true initial S (called once, with the transition's final state; without a
-    transition pass, with the slice's own final S, and its return ignored).
+    columns, [N, HV, DK, DV] where the outgoing state cannot depend on the incoming one, or None (no transition);
+    exchange_aux(finals or None) -> the true initial auxiliary states; exchange_state(final or None) -> the true
+    initial S (each called once; after the true pass, where not `continued`, and then its return is not used).
     Returns (RecurrenceOutput with the final states, what chunk_forward_train keeps (keep), the true initial
     states), for chunk_backward_cp."""
     ks = _cp_kernels()
     run = _prepare(inputs, initial_state, True, cu_seqlens, scale, keep, ks["once"] + ks["after_aux"] + ks["final"])
     _launch(run, ks["once"])
     if ks["aux"]:
-        _launch(run, ks["aux"])
-        true = exchange_aux({k: v for k, v in _result(run).final_state.items() if k != "S"})
-        if continued:
-            _set_states(run, true)
-            _launch(run, ks["after_aux"])
-        else:  # the auxiliary scans ran from the true states already
-            aux = {k[0] for k in ks["aux"]}
+        aux = {k[0] for k in ks["aux"]}
+        if not continued:  # the auxiliary scans from the true states (the given ones) right away
+            _launch(run, ks["aux"])
+            exchange_aux({k: v for k, v in _result(run).final_state.items() if k != "S"})
             _launch(run, [k for k in ks["after_aux"] if k[0] not in aux])
-    if continued:
-        tr = _transition(run, transition_state)
-        _launch(tr, ks["transition"])
-        final = tr.bufs["s_out"]
-        del tr  # its H_n and U
+        else:
+            fin = None
+            if outgoing:  # the offsets: the scans with the continued segment from zero
+                _launch(run, ks["aux"])
+                fin = {k: v for k, v in _result(run).final_state.items() if k != "S"}
+            _set_states(run, exchange_aux(fin))
+            _launch(run, ks["after_aux"])
+    if not continued:
+        _launch(run, ks["final"])
+        exchange_state(run.bufs["s_out"] if outgoing else None)
+    else:
+        final = None
+        if outgoing and transition_state is not None:
+            tr = _transition(run, transition_state)
+            _launch(tr, ks["transition"])
+            final = tr.bufs["s_out"]
+            del tr  # its H_n and U
         _set_states(run, {"S": exchange_state(final)})
         _launch(run, ks["final"])
-    else:
-        _launch(run, ks["final"])
-        exchange_state(run.bufs["s_out"])
     return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
