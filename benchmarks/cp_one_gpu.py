@@ -14,7 +14,9 @@ refuses two ranks on one GPU); the sequence [B, world x T] is cut in slices of T
     Compared on rank 0 (each rank checks its own slice; rank 0 prints and reports the worst over the ranks): o, the
     final states (summed over the ranks: each row is filled where its sequence ends) and every gradient (the slice's
     inputs; the params' and the initial states' summed over the ranks), as max |CP - ref| / max |ref| ("max") and
-    ||CP - ref|| / ||ref|| ("norm"). For scale, "floor": the unsharded call in --dtype against the same call in fp32.
+    ||CP - ref|| / ||ref|| ("norm"), the worst over the ranks; also against the unsharded call in fp32, and, for
+    scale, "floor": the unsharded call in --dtype against the same call in fp32, on the same slices (the CP call
+    should be about as far from fp32 as that).
     With 2 ranks the chain carries rank 0's final state alone (the last rank's transition is never read, so none is
     formed): CP computes what the unsharded call does, and the errors are expected to be 0 (they were, under the
     interpreter). --world 3 or more runs the transition passes (M) and both reverse state passes of the middle ranks.
@@ -137,37 +139,42 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
     ref32, rx32, rh32 = _run(pkg, x32, h0, do, dfin)
     out, xs, hs = _run(pkg, x, h0, do, dfin, lo=lo, hi=hi, group=group)
     sync()
-    errs = {"o": _rel(out.o, ref.o[:, lo:hi])}
-    floor = {"o": _rel(ref.o, ref32.o)}
+    errs, errs32, floor = {}, {}, {}
+
+    def compare(key: str, ours: torch.Tensor, want: torch.Tensor, want32: torch.Tensor) -> None:
+        # the floor on the same part as the CP comparison (a rank's slice of a per-token tensor)
+        errs[key], errs32[key], floor[key] = _rel(ours, want), _rel(ours, want32), _rel(want, want32)
+
+    compare("o", out.o, ref.o[:, lo:hi], ref32.o[:, lo:hi])
     for n, s in out.final_state.items():
         total = s.detach().clone()
         dist.all_reduce(total, group=group)
-        errs["final_" + n] = _rel(total, ref.final_state[n])
-        floor["final_" + n] = _rel(ref.final_state[n], ref32.final_state[n])
+        compare("final_" + n, total, ref.final_state[n], ref32.final_state[n])
     for n, t in xs.items():
         g = t.grad.detach().clone()
         if n in params:
             dist.all_reduce(g, group=group)
-            errs["d" + n] = _rel(g, rx[n].grad)
+            compare("d" + n, g, rx[n].grad, rx32[n].grad)
         else:
-            errs["d" + n] = _rel(g, rx[n].grad[:, lo:hi])
-        floor["d" + n] = _rel(rx[n].grad, rx32[n].grad)
+            compare("d" + n, g, rx[n].grad[:, lo:hi], rx32[n].grad[:, lo:hi])
     for n, s in hs.items():
         if s.grad is None or rh[n].grad is None:
             continue
         g = s.grad.detach().clone()
         dist.all_reduce(g, group=group)
-        errs["dh0_" + n] = _rel(g, rh[n].grad)
-        floor["dh0_" + n] = _rel(rh[n].grad, rh32[n].grad)
+        compare("dh0_" + n, g, rh[n].grad, rh32[n].grad)
     del ref, rx, rh, ref32, rx32, rh32, out, xs, hs
-    for k, e in errs.items():  # each rank compared its own slice: the worst over the ranks
-        t = torch.tensor([e["max"], e["norm"]], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        errs[k] = {"max": float(t[0]), "norm": float(t[1])}
+    for table in (errs, errs32, floor):  # each rank compared its own slice: the worst over the ranks
+        for k, e in table.items():
+            t = torch.tensor([e["max"], e["norm"]], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            table[k] = {"max": float(t[0]), "norm": float(t[1])}
     worst = max(e["max"] for e in errs.values())
     if rank == 0:
         print(f"{name:<10} CP vs unsharded ({a.dtype}) worst max-rel {worst:.2e}: "
               + " ".join(f"{k}={v['max']:.1e}/{v['norm']:.1e}" for k, v in errs.items()), file=sys.stderr, flush=True)
+        print(f"{'':<10} CP {a.dtype} vs unsharded fp32: "
+              + " ".join(f"{k}={v['max']:.1e}/{v['norm']:.1e}" for k, v in errs32.items()), file=sys.stderr, flush=True)
         print(f"{'':<10} unsharded {a.dtype} vs fp32 (floor): "
               + " ".join(f"{k}={v['max']:.1e}/{v['norm']:.1e}" for k, v in floor.items()), file=sys.stderr, flush=True)
 
@@ -198,7 +205,8 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
                     pkg, ys, gs, do, dfin, a_, b_, backward=bwd), sync, reps, warm)
             del ys, gs
         barrier()
-    res = {"errors_vs_unsharded": errs, "floor_unsharded_vs_fp32": floor, "worst_max_rel": worst,
+    res = {"errors_vs_unsharded": errs, "errors_vs_unsharded_fp32": errs32, "floor_unsharded_vs_fp32": floor,
+           "worst_max_rel": worst,
            "ms": {k: round(v, 4) for k, v in ms.items()}}
     if rank == 0:
         res["ratios"] = {"cp_step / full_step": ms["cp_step"] / ms["full_step"],
