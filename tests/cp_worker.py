@@ -1,6 +1,7 @@
 """One rank of tests/test_context_parallel.py: a gloo group on the CPU, the kernels under Triton's interpreter.
 
-    python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:packed|rows:h0|zero
+    python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:LAYOUT:h0|zero
+    LAYOUT = rows | packed | packed_b | packed_c (the global offsets below)
 
 For each case, rank 0 runs the unsharded call (forward and backward) and saves it; every rank then runs its
 slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
@@ -33,6 +34,10 @@ from dgps.runtime.tensors import Dims  # noqa: E402
 H, DK, DV = 2, 16, 16
 # packed: the global offsets per world size; a sequence crosses every rank boundary of interest
 PACKED = {2: (0, 20, 70, 96), 4: (0, 10, 80, 96)}  # 4 ranks: sequence 1 passes through ranks 1 and 2
+# 4 ranks of 24 tokens. b: ranks 1 and 2 continue a sequence, start one inside and pass it on (a transition of width
+# dv: M = 0, h0 of the last segment), rank 3 passes sequence 2 through to its end; c: rank 1 continues sequence 0 to
+# its end at the boundary (nothing goes out), rank 2 continues nothing
+OFFSETS = {"packed": PACKED, "packed_b": {4: (0, 30, 60, 96)}, "packed_c": {4: (0, 48, 96)}}
 ROWS_B, ROWS_T = 2, 64
 
 
@@ -80,10 +85,11 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     spec, layout, h0_kind = case.split(":")
     pkg = importlib.import_module(f"dgps.generated.{spec}")
     ir = pkg.IR
-    packed = layout == "packed"
-    B, T = (1, PACKED[world][-1]) if packed else (ROWS_B, ROWS_T)
-    cu = torch.tensor(PACKED[world], dtype=torch.int32) if packed else None
-    N = len(PACKED[world]) - 1 if packed else B
+    packed = layout.startswith("packed")
+    offsets = OFFSETS[layout][world] if packed else None
+    B, T = (1, offsets[-1]) if offsets else (ROWS_B, ROWS_T)
+    cu = torch.tensor(offsets, dtype=torch.int32) if offsets else None
+    N = len(offsets) - 1 if offsets else B
     x = random_inputs(ir, B, T, H, DK, DV, dtype=torch.float32, seed=11)
     for d in ir.inputs:  # weak decay: a slice's transition product M stays O(1), so an error in it shows
         if d.domain == "log_gate" and not d.is_param:
@@ -118,7 +124,7 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
         _losses(out, sl).backward()
     # the slice's layout, for the expected counts: its first segment continues a sequence; the next rank continues
     # this rank's last one (else a pass of the backward has a zero adjoint and is skipped)
-    lays = [slice_layout(PACKED[world] if packed else None, B, r * step, (r + 1) * step, T) for r in range(world)]
+    lays = [slice_layout(offsets, B, r * step, (r + 1) * step, T) for r in range(world)]
     COUNTS[case] = {**count.counts, "continued": lays[rank].carry_in,
                     "later": rank + 1 < world and lays[rank + 1].carry_in}
     errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}

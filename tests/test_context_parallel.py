@@ -143,12 +143,20 @@ def test_cp_four_ranks_every_spec(tmp_path: Path) -> None:
     # B = 2 rows of 64 cut in 4 (each middle rank passes its whole transition product M on), and the pack
     # (0, 10, 80, 96): sequence 1 passes through ranks 1 and 2 and ends inside rank 3
     cases = [f"{s}:rows:h0" for s in SPECS8] + [f"{s}:packed:h0" for s in ("gdn", "pgdn", "ccq_gdn", "gdn2")]
+    # every combination of continuing a sequence / starting one inside / passing one on (cp_worker.OFFSETS)
+    cases += ["gdn:packed_b:h0", "pgdn:packed_b:h0", "kda:packed_c:h0", "ccq_gdn:packed_c:h0"]
     cases += ["fla_gdn:packed:zero", "fla_kda:packed:zero"]  # fla_compat with FLA's cp_context
     _check(_spawn(4, cases, tmp_path), cases, 4)
     _check_counts(tmp_path, cases, 4)  # the middle ranks run both passes of the backward
 
 
 def test_slice_layout() -> None:
+    # the worker's 4-rank packs b and c (cp_worker.OFFSETS): (continued, passes through, passes on) per rank
+    b = [cp.slice_layout((0, 30, 60, 96), 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
+    c = [cp.slice_layout((0, 48, 96), 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
+    flags = [[(lay.carry_in, lay.passes_through, not lay.ends[-1]) for lay in lays] for lays in (b, c)]
+    assert flags[0] == [(False, False, True), (True, False, True), (True, False, True), (True, True, False)]
+    assert flags[1] == [(False, False, True), (True, True, False), (False, False, True), (True, True, False)]
     cu = (0, 10, 80, 96)
     lays = [cp.slice_layout(cu, 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
     assert [lay.local_cu for lay in lays] == [(0, 10, 24), (0, 24), (0, 24), (0, 8, 24)]
