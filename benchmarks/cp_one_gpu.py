@@ -229,6 +229,7 @@ def _worker(rank: int, a: argparse.Namespace, port: int, out_path: str) -> None:
             pass
     dev = torch.device(a.device)
     if dev.type == "cuda":
+        dev = torch.device("cuda", dev.index or 0)  # every rank on the one device
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = False  # the chain's fp32 matmuls (docs/context_parallel.md)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.world)
