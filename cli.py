@@ -83,7 +83,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         from .runtime.cp import cp_plan
 
         rc = cmd_show(argparse.Namespace(**{**vars(args), "cp": False}))
-        print(cp_plan(rec.ir).format())
+        print(cp_plan(rec.ir, stages=True).format())
         return rc
     if args.stage == "plan":
         from .codegen.chunk import launch_table, supports_chunk

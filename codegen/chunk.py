@@ -68,7 +68,7 @@ import sympy as sp
 
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
-from ..compiler.plan import Plan, build_backward_plan, build_plan, launch_of, stored_adjoints, tied_keys_of
+from ..compiler.plan import Plan, build_backward_plan, build_plan, cp_stages, launch_of, stored_adjoints, tied_keys_of
 from .address import ROWS, row_offset
 from .decay import decay_hook
 from .ir_source import ir_source
@@ -266,12 +266,14 @@ VECTOR_RULES = {
 }
 
 
-def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None) -> list[Launch]:
-    """The launches that compute the forward plan's stages of `kinds` (default: every stage), in the plan's order.
+def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None
+                     ) -> list[Launch]:
+    """The launches that compute the forward plan's stages of `kinds` (default: every stage), or of the stages named
+    `names`, in the plan's order.
 
     A fused stage runs inside its host's launch; where a FUSED_RULES guest is among the stages, the host's launch is
     the fused kernel, else the host's own (the backward reruns the state pass without the output)."""
-    stages = [st for st in plan.stages() if kinds is None or st.kind in kinds]
+    stages = [st for st in plan.stages() if (kinds is None or st.kind in kinds) and (names is None or st.name in names)]
     if plan.family == "untied":
         rules = {**FORWARD_RULES, **UNTIED_RULES}
     elif plan.structure.decay == "vector":
@@ -313,7 +315,10 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
     rules = {**BACKWARD_RULES, **UNTIED_BACKWARD_RULES} if plan.family == "untied" else BACKWARD_RULES
+    hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
+    cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[rules[k] for k in bplan.kinds()],
+                cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
@@ -574,11 +579,16 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
-                   bwd_kept_buffers=[],
+                   bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False)
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
+    # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
+    cs = cp_stages(plan)
+    ctx.update(cp_forward_launches={ph: forward_launches(plan, names=getattr(cs, ph))
+                                    for ph in ("once", "aux", "after_aux", "transition", "final")},
+               value_inputs=[d.name for d in ir.inputs if d.vector == "value"])
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")

@@ -1421,3 +1421,154 @@ def plan_to_dot(plan: Plan) -> str:
         lines.append(f"  {_dot_quote(src)} -> {_dot_quote('out:' + result)} [label={_dot_quote(name)}];")
     lines.append("}")
     return "\n".join(lines)
+
+
+# --- context parallelism: which stages a slice runs once, which per pass (runtime/cp.py) ---------------------------
+# A CP slice maps its incoming state affinely, h_out = M h_in + h0 (docs/context_parallel.md). The chunk plan says
+# which stages read an incoming state: only those run more than once. The forward of a slice:
+#   once        the stages that read no incoming state (the intra-chunk work: interaction, solve, w/u, ...)
+#   aux         the auxiliary states' own scans from the states a slice knows (zero for the continued segment):
+#               their offsets A0 / C0, m0, n0; then one exchange
+#   after_aux   with the true incoming auxiliary states: the stages that read them but not S (their scans again,
+#               and what reads k~ or q^), once
+#   transition  the state pass alone, from [0 | I] for the continued segment, the values widened by dk zero
+#               columns: its final state is [h0 | M]; then one exchange
+#   final       the stages that read S (the state pass and the output), from the true incoming state
+# The backward mirrors it on the backward plan: the stages on the way from the final-state adjoint to the initial
+# state's (the reverse state pass; the auxiliary states' reverse passes) run once with the slice's own adjoints, which
+# gives the exchange d0 (the adjoint of the incoming state), and again with the later ranks' adjoint g of the
+# outgoing state added; every other backward stage runs once.
+AUX_STATE_OPERANDS = ("A0", "C0", "m0", "n0")
+AUX_FINAL_ADJOINTS = ("dA_final", "dC_final", "dm_final")
+AUX_INITIAL_ADJOINTS = ("dA0", "dC0", "dm0")
+
+
+@dataclass(frozen=True)
+class CPStages:
+    """The forward plan's stage names per CP phase (in plan order) and the backward plan's kinds per phase."""
+
+    once: tuple[str, ...]
+    aux: tuple[str, ...]
+    after_aux: tuple[str, ...]
+    transition: tuple[str, ...]
+    final: tuple[str, ...]
+    bwd_first: tuple[str, ...]  # before the S exchange: every stage the adjoint of the incoming S needs
+    bwd_again: tuple[str, ...]  # after it: the ones of those that read the final-state adjoint
+    bwd_aux_first: tuple[str, ...]  # before the auxiliary exchange: what the auxiliary adjoints need besides
+    bwd_aux_again: tuple[str, ...]  # after it: the ones of those that read the auxiliary final adjoints
+    bwd_rest: tuple[str, ...]  # once, last
+
+    def backward_order(self) -> list[tuple[str, str | None]]:
+        """(backward kind or exchange, tag) in launch order: tag 'first' / 'again' marks a stage of a pass."""
+        seq: list[tuple[str, str | None]] = [(k, "first" if k in self.bwd_again else None) for k in self.bwd_first]
+        seq.append(("exchange S", None))
+        seq += [(k, "again") for k in self.bwd_again]
+        if self.aux:
+            seq += [(k, "aux_first" if k in self.bwd_aux_again else None) for k in self.bwd_aux_first]
+            seq.append(("exchange aux", None))
+            seq += [(k, "aux_again") for k in self.bwd_aux_again]
+        return seq + [(k, None) for k in self.bwd_rest]
+
+
+def _downstream(stages: list[Stage], sources: set[str]) -> set[str]:
+    """Names of the stages (in topological order) that read one of `sources`, directly or through another's outputs."""
+    hit, live = set(), set(sources)
+    for st in stages:
+        if live & set(st.inputs):
+            hit.add(st.name)
+            live |= set(st.output_names)
+    return hit
+
+
+def _upstream(stages: list[Stage], targets: set[str]) -> set[str]:
+    """Names of the stages that produce one of `targets`, directly or through a stage that reads their outputs."""
+    hit, need = set(), set(targets)
+    for st in reversed(stages):
+        if need & set(st.output_names):
+            hit.add(st.name)
+            need |= set(st.inputs)
+    return hit
+
+
+def cp_stages(plan: Plan, bp: BackwardPlan | None = None) -> CPStages:
+    """Partition the forward plan's stages (and the backward plan's, where there is one) into the CP phases above."""
+    sts = plan.stages()
+    dep_s = _downstream(sts, {"S0"})
+    dep_aux = _downstream(sts, set(AUX_STATE_OPERANDS))
+    aux_finals = {n for r, n in plan.outputs if r in ("A", "C", "m", "n")}
+    host = {st.name: launch_of(st) for st in sts}
+
+    def phase(st: Stage) -> str:
+        # a fused stage runs in its host's launch: its phase is the host's (the statistic's decay cumsum, for one,
+        # reads no state but is accumulated inside the statistic's scan)
+        h = host[st.name]
+        if h is not None and h != st.kind:
+            st = next(s for s in sts if s.kind == h)
+        if st.name in dep_s:
+            return "final"
+        if st.name in dep_aux:
+            return "after_aux"
+        return "once"
+
+    phases = {st.name: phase(st) for st in sts}
+    pick = {p: tuple(st.name for st in sts if phases[st.name] == p) for p in ("once", "after_aux", "final")}
+    aux_hosts = {st.kind for st in sts if set(st.output_names) & aux_finals}
+    aux = tuple(st.name for st in sts if host[st.name] in aux_hosts)  # with the stages fused into them
+    s_final = dict(plan.outputs)["S"]
+    transition = tuple(n for n in pick["final"] if n in _upstream(sts, {s_final}))
+    first = again = aux_first = aux_again = rest = ()
+    if bp is not None:
+        bsts = list(bp.stages)
+        up_s = _upstream(bsts, {"dS0"})
+        up_aux = _upstream(bsts, set(AUX_INITIAL_ADJOINTS)) - up_s
+        first = tuple(st.kind for st in bsts if st.name in up_s)
+        again = tuple(st.kind for st in bsts if st.name in up_s & _downstream(bsts, {"dS_final"}))
+        aux_first = tuple(st.kind for st in bsts if st.name in up_aux)
+        aux_again = tuple(st.kind for st in bsts if st.name in up_aux & _downstream(bsts, set(AUX_FINAL_ADJOINTS)))
+        rest = tuple(st.kind for st in bsts if st.name not in up_s | up_aux)
+    return CPStages(pick["once"], aux, pick["after_aux"], transition, pick["final"], first, again, aux_first,
+                    aux_again, rest)
+
+
+def format_cp_stages(cs: CPStages, plan: Plan, bp: BackwardPlan | None) -> list[str]:
+    """The lines `dgps show --stage plan --cp` prints: every launch of a CP slice, once or per pass."""
+    sts = plan.stages()
+    lines = ["  stages per slice (compiler.plan.cp_stages), forward, in launch order:"]
+    on_loads = [st.name for st in sts if launch_of(st) is None]
+    for host in dict.fromkeys(h for st in sts if (h := launch_of(st)) is not None):
+        names = [st.name for st in sts if launch_of(st) == host]
+        label = " + ".join(names)
+        first = names[0] if host not in {plan.stage(n).kind for n in names} else \
+            next(n for n in names if plan.stage(n).kind == host)
+        if first in cs.transition:
+            what = ("per pass: transition (alone, from [0 | I], value width dv + dk: [h0 | M]); exchange; final (from "
+                    "the true incoming S" + (", one launch with " + ", ".join(names[1:]) if len(names) > 1 else "") + ")")
+        elif first in cs.final:
+            what = "once: in the final pass (from the true incoming S)"
+        elif first in cs.aux:
+            what = ("per pass: the offsets (the continued segment from zero); exchange; again from the true incoming "
+                    "auxiliary states")
+        elif first in cs.after_aux:
+            what = "once: after the auxiliary exchange (reads the true incoming auxiliary states, not S)"
+        else:
+            what = "once: reads no incoming state"
+        lines.append(f"    {label:<34} {what}")
+    if on_loads:
+        lines.append(f"    {', '.join(on_loads):<34} on its consumers' tile loads (no launch)")
+    if bp is None:
+        lines.append("  backward: recurrent (no chunk backward): under autograd")
+        return lines
+    lines.append("  backward, in launch order (after the forward's recomputed stages, as without CP: "
+                 + (", ".join(bp.recomputed) or "-") + "):")
+    per_pass = set(cs.bwd_again) | set(cs.bwd_aux_again)
+    for k in bp.kinds():
+        if k in per_pass:
+            which = "S" if k in cs.bwd_again else "auxiliary states"
+            what = (f"per pass: the slice's own adjoints (d0 of the incoming {which}); exchange; + the later ranks' "
+                    "adjoint g of the outgoing ones")
+        else:
+            what = "once"
+        lines.append(f"    {k:<34} {what}")
+    lines.append("    (a pass whose adjoint is zero by the layout is skipped: no d0 where the slice continues no "
+                 "sequence, no g where the next rank starts one)")
+    return lines

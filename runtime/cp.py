@@ -14,17 +14,23 @@ states have their own recurrences that read neither S nor v, so their chains go 
 The exact preconditioner's P_t = (P_{t-1}⁻¹ + k kᵀ)⁻¹ is not affine in P (its Gram G = P⁻¹ is additive, but the
 kernels carry P), so CP refuses it (`CPUnsupported`).
 
-How a rank gets (M, h⁰) from the package's own differentiable forward, in one call: the values are widened
-by dk zero columns and the carried segment starts from [0 | I], so the final state is [h⁰ | M] (the extra
-columns start at the identity and receive no writes). That is exact when nothing but the write reads the
-value-side inputs and the write is linear in v (`cp_plan` checks the IR). The ranks all-gather (M, h⁰) with
-differentiable collectives, each composes its true incoming state in fp32 (a prefix over the earlier ranks)
-and runs its slice from it; autograd carries every gradient, including those of earlier ranks, back through
-the all-gathers' reduce-scatter.
+How a rank gets (M, h⁰), and what runs how often (compiler/plan.py: cp_stages decides; docs/context_parallel.md):
+the stages that read no incoming state (the intra-chunk work: interaction, solve, w/u, the decayed keys) run once
+and their buffers serve every pass; the transition is the state pass alone, the values (Ũ) widened by dk zero
+columns and the continued segment started from [0 | I], so its final state is [h⁰ | M] (the extra columns start at
+the identity and receive no writes); then, from the true incoming state, the state pass and the output. That is
+exact when nothing but the write reads the value-side inputs and the write is linear in v (`cp_plan` checks the
+IR). The ranks all-gather (M, h⁰), each composes its true incoming state in fp32 (a prefix over the earlier ranks).
+The chunk module runs the launches (chunk_forward_cp / chunk_backward_cp), this module the exchanges between them,
+inside one autograd node per slice (_CPCall).
 
-Cost per slice (this version): the widened call (width dv + dk) and the real call, plus, for specs with
-auxiliary states, one call from zero states for their offsets; the intra-chunk work (interaction, solve, w/u)
-is repeated in each. docs/context_parallel.md says what would remove that.
+The backward is the slice's one chunk backward with the later ranks' adjoint g of its outgoing state added to the
+final-state adjoint (the transition's adjoint from the later ranks' compose is G_M = g s_inᵀ, so its share is S_out's
+with adjoint g); g needs their d0, the adjoint of their incoming state from their own outputs, so the reverse state
+pass runs once for d0, the ranks all-gather it and form g_r = d0_(r+1) + M_(r+1)ᵀ g_(r+1), and it runs again with g.
+The auxiliary states do the same with their scans and multipliers. A pass whose adjoint is zero by the layout is not
+run. A package without these entry points keeps the earlier path: whole package calls under autograd (from zero
+states for the auxiliary offsets, the widened call, the real one: the intra-chunk work 2-3 times).
 
 Sequences (varlen, `cu_seqlens` of the global pack) may cross rank boundaries; a sequence that starts inside a
 rank resets there, so the rank's outgoing state depends on its incoming one only when no sequence starts in
@@ -34,6 +40,7 @@ rank where that sequence ends and zero elsewhere (summed over the ranks, they ar
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -48,6 +55,9 @@ from dgps.runtime.reference import RecurrenceOutput, build_env, initial_states
 from dgps.runtime.tensors import Dims, TensorError, check_cu_seqlens, check_inputs
 
 AUX_STATES = ("A", "C", "m", "n")
+# False (or DGPS_CP_CALLS=1): CP through whole package calls even where the chunk module carries the CP entry points
+# (benchmarks/cp_one_gpu.py --calls times both)
+KERNEL_PATH = os.environ.get("DGPS_CP_CALLS", "0") in ("", "0")
 
 
 class CPUnsupported(NotImplementedError):
@@ -56,13 +66,15 @@ class CPUnsupported(NotImplementedError):
 
 @dataclass(frozen=True)
 class CPPlan:
-    """What context parallelism adds to a spec's plan: the chains, the exchanges, or why it is refused."""
+    """What context parallelism adds to a spec's plan: the chains, the exchanges, the passes per slice and which
+    stages each runs (`stages`: compiler.plan.cp_stages, filled by cp_plan(ir, stages=True)), or why it is refused."""
 
     name: str
     chains: tuple[str, ...]  # one line per state chain, in the order they are composed
     exchanges: tuple[str, ...]
-    calls: tuple[str, ...]  # the package calls per slice
+    calls: tuple[str, ...]  # the passes per slice
     refused: str | None = None
+    stages: tuple[str, ...] = ()
 
     def format(self) -> str:
         lines = [f"CP plan {self.name} (context parallelism, `forward(..., cp_group=group)`)"]
@@ -71,10 +83,11 @@ class CPPlan:
             return "\n".join(lines)
         lines.append("  chains (composed in this order, fp32, a prefix over the ranks before this one):")
         lines += [f"    {c}" for c in self.chains]
-        lines.append("  exchanges (torch.distributed.nn all_gather, differentiable):")
+        lines.append("  exchanges (torch.distributed all_gather, inside the slice's one autograd node):")
         lines += [f"    {e}" for e in self.exchanges]
-        lines.append("  calls per slice (each a full chunked forward; its backward under autograd):")
+        lines.append("  passes per slice (chunk_forward_cp / chunk_backward_cp of the chunk module):")
         lines += [f"    {c}" for c in self.calls]
+        lines += list(self.stages)
         lines.append("  varlen: a sequence starting inside a slice resets there (that rank's M = 0); final states are")
         lines.append("    filled on the rank where each sequence ends, zero elsewhere")
         return "\n".join(lines)
@@ -84,8 +97,9 @@ def _names(expr: sp.Expr | None) -> set[str]:
     return set() if expr is None else {s.name for s in expr.free_symbols}
 
 
-def cp_plan(ir: IR) -> CPPlan:
-    """Check that `ir` chains affinely across ranks through the widened-value call, and describe the chains."""
+def cp_plan(ir: IR, stages: bool = False) -> CPPlan:
+    """Check that `ir` chains affinely across ranks through the widened-value transition, and describe the chains;
+    `stages`: also the chunk plan's stages per pass (compiler.plan.cp_stages; builds the plan)."""
     value_side = {d.name for d in ir.inputs if d.vector == "value"}
     value_side |= {r.name for r in ir.reductions if r.side == "value"}
     e, f, vp, _w = ir.solve.canonical()
@@ -128,12 +142,29 @@ def cp_plan(ir: IR) -> CPPlan:
     exchanges = []
     calls = []
     if aux:
-        exchanges.append(f"({', '.join(x + '0, its multiplier' for x in aux)}) per rank: one all_gather")
-        calls.append(f"from zero states: the offsets {', '.join(x + '0' for x in aux)}")
-    exchanges.append("(M, h0) per rank: one all_gather")
-    calls.append("values widened by dk zero columns, the carried segment from [0 | I]: the final state is [h0 | M]")
-    calls.append("the slice from its true incoming states: o, the route, the final states")
-    return CPPlan(ir.name, tuple(chains), tuple(exchanges), tuple(calls))
+        exchanges.append(f"forward: ({', '.join(x + '0, its multiplier' for x in aux)}) per rank; backward: the "
+                         "adjoints d0 of the incoming " + ", ".join(x for x in aux if x != "n") + " per rank")
+        calls.append("aux offsets: the auxiliary scans with the continued segment from zero: "
+                     + ", ".join(x + "0" for x in aux))
+    exchanges.append("forward: (M, h0) per rank; backward: the adjoint d0 of the incoming S per rank (each rank adds "
+                     "g = d0_(r+1) + M_(r+1)^T g_(r+1) to its final-state adjoint)")
+    calls.append("transition: the state pass alone, the continued segment from [0 | I], the values widened by dk zero "
+                 "columns: the final state is [h0 | M] (width dv, M = 0, where a sequence starts in the slice; none "
+                 "where the slice continues no sequence)")
+    calls.append("final: the state pass and the output from the true incoming states: o, the route, the final states")
+    calls.append("backward: one chunk backward from the true incoming states, the reverse state passes once per pass")
+    lines: tuple[str, ...] = ()
+    if stages:
+        from dgps.codegen.chunk import BC, BT, supports_chunk, supports_chunk_backward
+        from dgps.compiler.plan import build_backward_plan, build_plan, cp_stages, format_cp_stages
+
+        if supports_chunk(ir)[0]:
+            plan = build_plan(ir, BT, BC)
+            bp = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
+            lines = tuple(format_cp_stages(cp_stages(plan, bp), plan, bp))
+        else:
+            lines = ("  stages per slice: no chunk kernels for this spec: three package calls per slice, under autograd",)
+    return CPPlan(ir.name, tuple(chains), tuple(exchanges), tuple(calls), stages=lines)
 
 
 @dataclass(frozen=True)
@@ -377,7 +408,7 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
     sequences. `layout` (instead of cu_seqlens): a prebuilt SliceLayout (fla_compat's FLA contexts).
     """
     ir: IR = pkg.IR
-    plan = cp_plan(ir)
+    plan = _cached_cp_plan(ir)
     if plan.refused:
         raise CPUnsupported(f"{ir.name}.forward(cp_group=...): context parallelism is refused: {plan.refused}")
     x, dims = check_inputs(ir, inputs)
@@ -391,6 +422,16 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
         cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
         layout = slice_layout(cu, dims.B, start, start + dims.T, total)
     sl = _make_slice(pkg, x, dims, layout, initial_state, scale)
+    if not KERNEL_PATH or not _has_cp_kernels(pkg):
+        return _cp_forward_calls(sl, group, output_final_state)
+    out = _cp_call(sl, group)
+    return RecurrenceOutput(out.o, _place_finals(sl, out) if output_final_state else None, out.route)
+
+
+def _cp_forward_calls(sl: _Slice, group: Any, output_final_state: bool) -> RecurrenceOutput:
+    """CP through whole package calls (a package without the chunk module's CP entry points): one from zero
+    states for the auxiliary offsets, the widened call for (M, h0), the real one; autograd through all three."""
+    rank = _rank(group)
     ties: tuple[torch.Tensor, ...] = ()
     # 1. the auxiliary chains first: S's transitions read their true incoming values
     aux_in: dict[str, torch.Tensor] = {}
@@ -406,10 +447,234 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
     ties += raw
     s_in = compose([(g[0], g[1]) for g in gathered], rank, matrix=True)
     # 3. the slice from its true incoming states
-    out = sl.call(x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
+    out = sl.call(sl.x, {**aux_in, "S": s_in if s_in is not None else sl.zero("S")})
     final = _place_finals(sl, out) if output_final_state else None
     o = _Tie.apply(out.o, *ties) if torch.is_grad_enabled() and any(t.requires_grad for t in ties) else out.o
     return RecurrenceOutput(o, final, out.route)
+
+
+_CP_PLANS: dict[int, tuple[IR, CPPlan]] = {}
+
+
+def _cached_cp_plan(ir: IR) -> CPPlan:
+    """cp_plan(ir), once per IR object (its checks run sympy)."""
+    hit = _CP_PLANS.get(id(ir))
+    if hit is None or hit[0] is not ir:
+        hit = _CP_PLANS[id(ir)] = (ir, cp_plan(ir))
+    return hit[1]
+
+
+def _has_cp_kernels(pkg: ModuleType) -> bool:
+    """Whether the package's chunk module carries the CP forward and backward (compiler/plan.py: cp_stages)."""
+    chunk = getattr(pkg, "chunk", None)
+    if chunk is None or not hasattr(chunk, "chunk_forward_cp") or not hasattr(chunk, "_cp_bwd_kernels"):
+        return False
+    try:
+        chunk._cp_bwd_kernels()
+    except NotImplementedError:  # no chunked backward: the package calls, under autograd
+        return False
+    return True
+
+
+# ---- the kernel-level path: one autograd node per slice ---------------------------------------------------------
+# The chunk module runs the stages that read no incoming state once and the state passes once per pass
+# (chunk_forward_cp / chunk_backward_cp); this module does the exchanges between the passes with plain collectives,
+# forwards and backwards: every rank's backward runs the same collectives in the same order, as its forward did.
+
+
+@dataclass
+class _Exchanged:
+    """What the forward's exchanges leave for the backward's: per rank, its transition product M (zero where a
+    sequence starts in it, or where no later rank reads it) and its auxiliary multipliers."""
+
+    Ms: list[torch.Tensor]
+    mults: dict[str, list[torch.Tensor]]
+
+
+def _gather_plain(tensors: Sequence[torch.Tensor], group: Any) -> list[list[torch.Tensor]]:
+    """Every rank's copy of `tensors` (the same shapes on every rank), fp32, through one flat all_gather."""
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, flat, group=group)
+    sizes = [t.numel() for t in tensors]
+    return [[q.reshape(t.shape) for q, t in zip(p.split(sizes), tensors, strict=True)] for p in parts]
+
+
+def _with_head(lay: SliceLayout, s: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """`s` with the rows of the continued segment replaced by `head`."""
+    head = head.to(s.dtype)
+    return torch.cat([head, s[1:]], dim=0) if lay.packed else head
+
+
+def _tail_into(lay: SliceLayout, like: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """A zero tensor shaped like the per-segment `like`, with the outgoing rows set to `tail`."""
+    return torch.cat([torch.zeros_like(like[:-1]), tail], dim=0) if lay.packed else tail.reshape(like.shape)
+
+
+def _outgoing(lay: SliceLayout) -> bool:
+    """Whether a later rank reads this slice's outgoing states: its last segment's sequence does not end in it (the
+    next rank continues it)."""
+    return not lay.ends[-1]
+
+
+def _exchange_aux(sl: _Slice, group: Any, ex: _Exchanged, init: Mapping[str, torch.Tensor],
+                  finals: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The forward's auxiliary exchange: every rank's (offset, multiplier) (zeros where no later rank reads them:
+    finals None); the true incoming auxiliary states."""
+    lay, rank = sl.lay, _rank(group)
+    if finals is None:
+        offs = [torch.zeros_like(_tail(lay, init[n])) for n in sl.aux]
+        mults = [torch.zeros_like(o) for o in offs]
+    else:
+        offs = [_tail(lay, finals[n]) for n in sl.aux]
+        mults = [_aux_multiplier(sl.ir, n, sl.x, sl.dims, lay, o) for n, o in zip(sl.aux, offs, strict=True)]
+    parts = _gather_plain(offs + mults, group)
+    k = len(sl.aux)
+    ex.mults = {n: [p[k + i] for p in parts] for i, n in enumerate(sl.aux)}
+    true = dict(init)
+    if lay.carry_in:
+        for i, n in enumerate(sl.aux):
+            c = compose([(p[k + i], p[i]) for p in parts], rank, matrix=False)
+            assert c is not None
+            true[n] = _with_head(lay, init[n], c)
+    return {n: true[n] for n in sl.aux}
+
+
+def _exchange_state(sl: _Slice, group: Any, ex: _Exchanged, init: torch.Tensor, final: torch.Tensor | None
+                    ) -> torch.Tensor:
+    """The forward's S exchange: every rank's (M, h0) from its transition's final state ([h0 | M], or h0 alone where
+    M is zero by the layout; zeros where no later rank reads them: final None); the true incoming S."""
+    lay, rank, dv, dk = sl.lay, _rank(group), sl.dims.dv, sl.dims.dk
+    tail = _tail(lay, final) if final is not None else torch.zeros_like(_tail(lay, init))
+    h0 = tail[..., :dv]
+    m = tail[..., dv:] if tail.shape[-1] > dv and lay.passes_through else h0.new_zeros((*h0.shape[:-1], dk))
+    parts = _gather_plain([m, h0], group)
+    ex.Ms = [p[0] for p in parts]
+    if not lay.carry_in:
+        return init
+    s_in = compose([(p[0], p[1]) for p in parts], rank, matrix=True)
+    assert s_in is not None
+    return _with_head(lay, init, s_in)
+
+
+def _exchange_state_grad(sl: _Slice, group: Any, ex: _Exchanged, st: torch.Tensor, ds0: torch.Tensor | None
+                         ) -> torch.Tensor | None:
+    """The backward's S exchange: every rank's d0 (the adjoint of its incoming state from its own outputs; zero where
+    its first segment starts a sequence: ds0 None); this rank's g = d0_(r+1) + M_(r+1)^T g_(r+1), the adjoint of
+    its outgoing state from the later ranks, on the outgoing rows (None where no later rank reads them)."""
+    lay, rank = sl.lay, _rank(group)
+    d0 = _head(lay, ds0) if ds0 is not None else torch.zeros_like(_head(lay, st))
+    parts = _gather_plain([d0], group)
+    if not _outgoing(lay):
+        return None
+    g = None
+    for j in range(len(parts) - 1, rank, -1):  # zero d0 from a rank that continues no sequence, zero M from one
+        g = parts[j][0] if g is None else parts[j][0] + torch.matmul(ex.Ms[j].transpose(-1, -2), g)  # that resets
+    assert g is not None
+    return _tail_into(lay, st, g)
+
+
+def _exchange_aux_grad(sl: _Slice, group: Any, ex: _Exchanged, st: Mapping[str, torch.Tensor],
+                       d0: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """The backward's auxiliary exchange, elementwise: g = d0_(r+1) + mult_(r+1) * g_(r+1) per auxiliary state."""
+    lay, rank = sl.lay, _rank(group)
+    names = [n for n in sl.aux if n != "n"]  # the count has no adjoint
+    mine = [_head(lay, d0[n]) if d0 is not None else torch.zeros_like(_head(lay, st[n])) for n in names]
+    parts = _gather_plain(mine, group)
+    if not _outgoing(lay):
+        return None
+    out = {}
+    for i, n in enumerate(names):
+        g = None
+        for j in range(len(parts) - 1, rank, -1):
+            g = parts[j][i] if g is None else parts[j][i] + ex.mults[n][j] * g
+        assert g is not None
+        out[n] = _tail_into(lay, st[n], g)
+    return out
+
+
+def _cp_run(sl: _Slice, group: Any, x: Mapping[str, torch.Tensor], h0: Mapping[str, torch.Tensor], keep: bool
+            ) -> tuple[RecurrenceOutput, list[torch.Tensor], dict[str, torch.Tensor], _Exchanged]:
+    """The slice's forward through the chunk module's CP entry point: (o / finals / route, the kept buffers, the
+    true initial states, what the exchanges leave for the backward)."""
+    lay, dk = sl.lay, sl.dims.dk
+    ex = _Exchanged([], {})
+    init = {n: (_with_head(lay, s, torch.zeros_like(_head(lay, s))) if lay.carry_in else s).float().contiguous()
+            for n, s in h0.items()}
+    transition = None
+    if lay.carry_in and _outgoing(lay):  # [0 | I] on the continued rows where the outgoing state reads the incoming
+        s = init["S"]
+        transition = s
+        if lay.passes_through:
+            eye = torch.zeros((*s.shape[:3], dk), dtype=s.dtype, device=s.device)
+            head = _head(lay, eye)
+            head = head + torch.eye(dk, dtype=s.dtype, device=s.device)
+            transition = torch.cat([s, _with_head(lay, eye, head)], dim=-1)
+    out, kept, st = sl.pkg.chunk.chunk_forward_cp(
+        dict(x), initial_state=init, continued=lay.carry_in, outgoing=_outgoing(lay), transition_state=transition,
+        exchange_aux=lambda fin: _exchange_aux(sl, group, ex, init, fin),
+        exchange_state=lambda fin: _exchange_state(sl, group, ex, init["S"], fin),
+        cu_seqlens=sl.local_cu, scale=sl.scale, keep=keep)
+    return out, kept, st, ex
+
+
+class _CPCall(torch.autograd.Function):
+    """One slice's CP forward and backward: the inputs and the local rows of the initial states in; o, the route (if
+    any) and the local final states out. The exchanges are collectives inside both."""
+
+    @staticmethod
+    def forward(ctx, sl, group, n_x, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
+        names = list(sl.x)
+        x = dict(zip(names, tensors[:n_x], strict=True))
+        h0 = dict(zip(sl.ir.state_names, tensors[n_x:], strict=True))
+        out, kept, st, ex = _cp_run(sl, group, x, h0, keep=True)
+        assert out.final_state is not None
+        ctx.sl, ctx.group, ctx.names, ctx.kept, ctx.st, ctx.ex = sl, group, names, kept, st, ex
+        ctx.o_like = (out.o.shape, out.o.dtype, out.o.device)
+        ctx.save_for_backward(*tensors[:n_x])
+        ctx.set_materialize_grads(False)
+        finals = [out.final_state[n] for n in sl.ir.state_names]
+        if "n" in sl.ir.state_names:
+            ctx.mark_non_differentiable(finals[sl.ir.state_names.index("n")])
+        return (out.o, *((out.route,) if out.route is not None else ()), *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
+        sl, group, ex, st = ctx.sl, ctx.group, ctx.ex, ctx.st
+        x = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
+        has_route = len(grads) > 1 + len(sl.ir.state_names)
+        shape, dtype, device = ctx.o_like
+        do = grads[0] if grads[0] is not None else torch.zeros(shape, dtype=dtype, device=device)
+        d_route = grads[1] if has_route else None
+        dfin = {n: g for n, g in zip(sl.ir.state_names, grads[1 + has_route:], strict=True)
+                if g is not None and n != "n"}
+        kept, ctx.kept = ctx.kept, None  # one backward owns them; a second one reruns the forward's stages
+        g_in, g_st = sl.pkg.chunk.chunk_backward_cp(
+            x, initial_state=st, do=do, d_final_state=dfin, d_route=d_route, cu_seqlens=sl.local_cu, scale=sl.scale,
+            kept=kept or None, continued=sl.lay.carry_in,
+            exchange_state=lambda ds0: _exchange_state_grad(sl, group, ex, st["S"], ds0),
+            exchange_aux=lambda d0: _exchange_aux_grad(sl, group, ex, st, d0))
+        dh = []
+        for n in sl.ir.state_names:  # the continued segment's rows did not read the given initial state
+            g = g_st.get(n)
+            if g is not None and sl.lay.carry_in:
+                g = _with_head(sl.lay, g, torch.zeros_like(_head(sl.lay, g)))
+            dh.append(g)
+        return (None, None, None, *(g_in.get(n) for n in ctx.names), *dh)
+
+
+def _cp_call(sl: _Slice, group: Any) -> RecurrenceOutput:
+    """The slice's CP forward on the kernel-level path, local final states per segment (under autograd: _CPCall)."""
+    h0 = {n: s[list(sl.lay.rows)] for n, s in sl.h0.items()}
+    tensors = [*sl.x.values(), *(h0[n] for n in sl.ir.state_names)]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return _cp_run(sl, group, sl.x, h0, keep=False)[0]
+    outs = _CPCall.apply(sl, group, len(sl.x), *tensors)
+    route = outs[1] if len(outs) > 1 + len(sl.ir.state_names) else None
+    finals = dict(zip(sl.ir.state_names, outs[1 + (route is not None):], strict=True))
+    return RecurrenceOutput(outs[0], finals, route)
 
 
 def simulate(spec: str, ranks: int, T: int, decay: str = "strong", *, H: int = 2, dk: int = 16, dv: int = 16,

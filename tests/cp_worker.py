@@ -1,11 +1,15 @@
 """One rank of tests/test_context_parallel.py: a gloo group on the CPU, the kernels under Triton's interpreter.
 
-    python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:packed|rows:h0|zero
+    python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:LAYOUT:h0|zero
+    LAYOUT = rows | packed | packed_b | packed_c (the global offsets below)
 
 For each case, rank 0 runs the unsharded call (forward and backward) and saves it; every rank then runs its
 slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
 params' and initial states' summed over the ranks, as data-parallel training would) with the unsharded ones.
-Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}.
+Writes OUT_DIR/rank{RANK}.json: {case: max relative error per tensor}, and OUT_DIR/counts_rank{RANK}.json: {case:
+{"forward": {stage: launches}, "backward": {...}, "continued": bool, "later": bool}} of the CP call (recorded at the
+chunk module's one launch point, `_Run.launch`, and launched as usual; continued: the slice's first segment continues
+a sequence from the previous rank; later: the next rank continues this one's last).
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dgps.runtime.api import random_inputs  # noqa: E402
+from dgps.runtime.cp import slice_layout  # noqa: E402
 from dgps.runtime.reference import random_states  # noqa: E402
 from dgps.runtime.tensors import Dims  # noqa: E402
 
 H, DK, DV = 2, 16, 16
 # packed: the global offsets per world size; a sequence crosses every rank boundary of interest
 PACKED = {2: (0, 20, 70, 96), 4: (0, 10, 80, 96)}  # 4 ranks: sequence 1 passes through ranks 1 and 2
+# 4 ranks of 24 tokens. b: ranks 1 and 2 continue a sequence, start one inside and pass it on (a transition of width
+# dv: M = 0, h0 of the last segment), rank 3 passes sequence 2 through to its end; c: rank 1 continues sequence 0 to
+# its end at the boundary (nothing goes out), rank 2 continues nothing
+OFFSETS = {"packed": PACKED, "packed_b": {4: (0, 30, 60, 96)}, "packed_c": {4: (0, 48, 96)}}
 ROWS_B, ROWS_T = 2, 64
 
 
@@ -46,14 +55,41 @@ def _losses(out, dos: dict[str, torch.Tensor]) -> torch.Tensor:  # noqa: ANN001
     return loss
 
 
+COUNTS: dict[str, dict[str, dict[str, int]]] = {}
+
+
+class _Count:
+    """Count the launches of `mod._Run.launch` per stage name, into the phase `self.phase`."""
+
+    def __init__(self, mod) -> None:  # noqa: ANN001
+        self.mod, self.phase, self.counts = mod, "forward", {"forward": {}, "backward": {}}
+
+    def __enter__(self) -> _Count:
+        self.orig = orig = self.mod._Run.launch
+        count = self
+
+        def launch(run, kernels):  # noqa: ANN001, ANN202
+            for k in kernels:
+                c = count.counts[count.phase]
+                c[k[0]] = c.get(k[0], 0) + 1
+            return orig(run, kernels)
+
+        self.mod._Run.launch = launch
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mod._Run.launch = self.orig
+
+
 def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
     spec, layout, h0_kind = case.split(":")
     pkg = importlib.import_module(f"dgps.generated.{spec}")
     ir = pkg.IR
-    packed = layout == "packed"
-    B, T = (1, PACKED[world][-1]) if packed else (ROWS_B, ROWS_T)
-    cu = torch.tensor(PACKED[world], dtype=torch.int32) if packed else None
-    N = len(PACKED[world]) - 1 if packed else B
+    packed = layout.startswith("packed")
+    offsets = OFFSETS[layout][world] if packed else None
+    B, T = (1, offsets[-1]) if offsets else (ROWS_B, ROWS_T)
+    cu = torch.tensor(offsets, dtype=torch.int32) if offsets else None
+    N = len(offsets) - 1 if offsets else B
     x = random_inputs(ir, B, T, H, DK, DV, dtype=torch.float32, seed=11)
     for d in ir.inputs:  # weak decay: a slice's transition product M stays O(1), so an error in it shows
         if d.domain == "log_gate" and not d.is_param:
@@ -80,9 +116,17 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     lo, hi = rank * step, (rank + 1) * step
     xs = {n: (t.clone() if n in params else t[:, lo:hi].clone()).requires_grad_() for n, t in x.items()}
     hs = {n: s.clone().requires_grad_() for n, s in h0.items()}
-    out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu, cp_group=dist.group.WORLD)
     sl = {"o": dos["o"][:, lo:hi], "route": dos["route"][:, lo:hi], **{k: v for k, v in dos.items() if k.startswith("final_")}}
-    _losses(out, sl).backward()
+    with _Count(pkg.chunk) as count:
+        out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu,
+                          cp_group=dist.group.WORLD)
+        count.phase = "backward"
+        _losses(out, sl).backward()
+    # the slice's layout, for the expected counts: its first segment continues a sequence; the next rank continues
+    # this rank's last one (else a pass of the backward has a zero adjoint and is skipped)
+    lays = [slice_layout(offsets, B, r * step, (r + 1) * step, T) for r in range(world)]
+    COUNTS[case] = {**count.counts, "continued": lays[rank].carry_in,
+                    "later": rank + 1 < world and lays[rank + 1].carry_in}
     errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}
     if out.route is not None:
         errs["route"] = _max_rel(out.route, ref["route"][:, lo:hi])
@@ -185,6 +229,7 @@ def main() -> None:
             (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
             raise
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    (out_dir / f"counts_rank{rank}.json").write_text(json.dumps(COUNTS))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

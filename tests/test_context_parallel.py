@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -62,21 +63,100 @@ def _check(results: dict[str, dict[str, float]], cases: list[str], world: int) -
             assert any(n.startswith("dh0_") for n in errs)
 
 
+def _expected_counts(spec: str, continued: bool, later: bool) -> tuple[Counter, Counter]:
+    """The launches per stage of one CP slice's forward and backward, from the chunk module's CP schedule: every
+    stage once but the passes (compiler/plan.py: cp_stages); a pass whose adjoint is zero by the layout is skipped."""
+    import importlib
+
+    chunk = importlib.import_module(f"dgps.generated.{spec}").chunk
+    ks = chunk._cp_kernels()
+    aux = {k[0] for k in ks["aux"]}
+    # the auxiliary offsets and the transition only where a later rank reads what they form
+    fwd = Counter(k[0] for k in ks["once"] + ks["final"] + (ks["aux"] if later or not continued else []))
+    fwd += Counter(k[0] for k in ks["after_aux"] if continued or k[0] not in aux)
+    fwd += Counter(k[0] for k in ks["transition"] if continued and later)
+    runs = {None: True, "first": continued, "aux_first": continued, "again": not continued or later,
+            "aux_again": not continued or later}
+    bwd = Counter(k[0] for k in chunk._rerun_kernels(True))
+    bwd += Counter(k[0] for k in chunk._cp_bwd_kernels() if k[2] != "hook" and runs[k[3]])
+    return fwd, bwd
+
+
+# a stage of the intra-chunk work (forward) or of the chunk gradients and the chain rule (backward): never repeated
+INTRA = ("l2norm", "chunk_cumsum", "interaction", "wy", "decay_keys", "bwd_local_values", "bwd_scores", "bwd_intra",
+         "bwd_grads", "bwd_curvature_query", "bwd_inputs")
+
+
+def _check_counts(tmp: Path, cases: list[str], world: int) -> None:
+    """Every CP call launched each stage as often as the plan's CP schedule says: the intra-chunk stages once per
+    slice, forward and backward (the non-CP backward's count), the state passes once per pass."""
+    import importlib
+
+    for r in range(world):
+        counts = json.loads((tmp / f"counts_rank{r}.json").read_text())
+        for case in cases:
+            if case.startswith(("fla_", "layer_")):
+                continue
+            c, spec = counts[case], case.split(":")[0]
+            fwd, bwd = _expected_counts(spec, c["continued"], c["later"])
+            assert (Counter(c["forward"]), Counter(c["backward"])) == (fwd, bwd), (case, r, c)
+            chunk = importlib.import_module(f"dgps.generated.{spec}").chunk
+            plain = Counter(k[0] for k in chunk._bwd_kernels())
+            for stage in INTRA:
+                assert c["forward"].get(stage, 0) <= 1, (case, r, stage)
+                assert c["backward"].get(stage, 0) == plain.get(stage, 0), (case, r, stage)
+            # the state pass: the transition (only where the slice continues a sequence) and the true pass, fused
+            # with the output where the plan fuses them; the backward's reverse state pass once per nonzero adjoint
+            passes = c["forward"].get("state_pass", 0) + c["forward"].get("state_output", 0)
+            assert passes == 1 + (c["continued"] and c["later"]), (case, r, c)
+            assert c["backward"]["bwd_state"] == c["continued"] + (not c["continued"] or c["later"]), (case, r, c)
+
+
+def test_cp_stage_counts_gdn_kda() -> None:
+    # the schedule itself, for the two specs of the issue: before this, a CP slice ran two whole package calls
+    # (every forward stage twice, every backward stage twice)
+    fwd, bwd = _expected_counts("gdn", continued=True, later=True)
+    assert fwd == Counter(l2norm=1, chunk_cumsum=1, interaction=1, wy=1, state_pass=1, state_output=1)
+    assert bwd == Counter(state_pass=1, bwd_local_values=1, bwd_state=2, bwd_grads=1, bwd_inputs=1)
+    fwd, bwd = _expected_counts("kda", continued=True, later=True)
+    assert fwd == Counter(chunk_cumsum=1, interaction=1, wy=1, decay_keys=1, state_pass=2, output=1)
+    assert bwd == Counter(state_pass=1, bwd_local_values=1, bwd_state=2, bwd_scores=1, bwd_intra=1, bwd_grads=1,
+                          bwd_inputs=1)
+    fwd, bwd = _expected_counts("kda", continued=False, later=True)  # rank 0: no transition, no d0
+    assert fwd["state_pass"] == 1 and bwd["bwd_state"] == 1
+    fwd, bwd = _expected_counts("kda", continued=True, later=False)  # the last rank: no transition, no g
+    assert fwd["state_pass"] == 1 and bwd["bwd_state"] == 1
+    fwd, bwd = _expected_counts("pgdn", continued=True, later=True)  # the statistic's scan: offsets, then true
+    assert fwd["precond_diag"] == 2 and fwd["interaction"] == 1 and bwd["bwd_precond_diag"] == 2
+    fwd, bwd = _expected_counts("pgdn", continued=True, later=False)
+    assert fwd["precond_diag"] == 1 and bwd["bwd_precond_diag"] == 1
+
+
 def test_cp_two_ranks_varlen_every_spec(tmp_path: Path) -> None:
     # global pack (0, 20, 70, 96) on slices of 48: sequence 1 crosses the boundary, sequence 2 starts inside rank 1
     cases = [f"{s}:packed:h0" for s in SPECS8] + ["layer_cler_h_gdn:rows:zero"]  # DGPSLayer(cp_group=...)
     _check(_spawn(2, cases, tmp_path), cases, 2)
+    _check_counts(tmp_path, cases, 2)
 
 
 def test_cp_four_ranks_every_spec(tmp_path: Path) -> None:
     # B = 2 rows of 64 cut in 4 (each middle rank passes its whole transition product M on), and the pack
     # (0, 10, 80, 96): sequence 1 passes through ranks 1 and 2 and ends inside rank 3
     cases = [f"{s}:rows:h0" for s in SPECS8] + [f"{s}:packed:h0" for s in ("gdn", "pgdn", "ccq_gdn", "gdn2")]
+    # every combination of continuing a sequence / starting one inside / passing one on (cp_worker.OFFSETS)
+    cases += ["gdn:packed_b:h0", "pgdn:packed_b:h0", "kda:packed_c:h0", "ccq_gdn:packed_c:h0"]
     cases += ["fla_gdn:packed:zero", "fla_kda:packed:zero"]  # fla_compat with FLA's cp_context
     _check(_spawn(4, cases, tmp_path), cases, 4)
+    _check_counts(tmp_path, cases, 4)  # the middle ranks run both passes of the backward
 
 
 def test_slice_layout() -> None:
+    # the worker's 4-rank packs b and c (cp_worker.OFFSETS): (continued, passes through, passes on) per rank
+    b = [cp.slice_layout((0, 30, 60, 96), 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
+    c = [cp.slice_layout((0, 48, 96), 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
+    flags = [[(lay.carry_in, lay.passes_through, not lay.ends[-1]) for lay in lays] for lays in (b, c)]
+    assert flags[0] == [(False, False, True), (True, False, True), (True, False, True), (True, True, False)]
+    assert flags[1] == [(False, False, True), (True, True, False), (False, False, True), (True, True, False)]
     cu = (0, 10, 80, 96)
     lays = [cp.slice_layout(cu, 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]
     assert [lay.local_cu for lay in lays] == [(0, 10, 24), (0, 24), (0, 24), (0, 8, 24)]
@@ -127,5 +207,16 @@ def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "specs/pgdn.dgps", "--stage", "plan", "--cp"]) == 0
     out = capsys.readouterr().out
     assert "CP plan pgdn" in out and "A_out = exp(sum of gP) * A_in + A0" in out and "h_out = M h_in + h0" in out
+    # the stages per slice: the intra-chunk work once, the state passes per pass, forward and backward
+    rows = {line.split()[0]: line for line in out.split("stages per slice")[1].splitlines()[1:] if line.startswith("    ")}
+    assert "once" in rows["interaction"] and "once" in rows["wy"] and "per pass" in rows["state_pass"]
+    assert "per pass" in rows["cumsum_gP"] and "after the auxiliary exchange" in rows["interaction"]
+    assert "per pass" in rows["bwd_state_pass"] and "per pass" in rows["bwd_precond_diag"]
+    assert rows["bwd_grads"].split()[1] == "once" and rows["bwd_inputs"].split()[1] == "once"
+    assert main(["show", "specs/gdn.dgps", "--stage", "plan", "--cp"]) == 0
+    out = capsys.readouterr().out.split("stages per slice")[1]
+    assert "state_pass + output" in out and "one launch with output" in out
+    for stage in ("l2norm", "cumsum_g", "interaction + triangular_solve", "wy"):
+        assert f"    {stage:<34} once: reads no incoming state" in out
     assert main(["show", "specs/exact_atk.dgps", "--stage", "plan", "--cp"]) == 0
     assert "refused: the exact preconditioner" in capsys.readouterr().out

@@ -1025,6 +1025,14 @@ def _takes(kernels):
 
 
 def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
+    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept)
+    run.launch(kernels)
+    return _result(run), run
+
+
+def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
+    """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
+    takes them), nothing launched."""
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1086,16 +1094,135 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
-    run = _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
-               HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
-               store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-               dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc)
-    run.launch(kernels)
+    return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
+                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
+                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
+                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route)
+
+
+def _result(run):
+    """o, the final states (where the run stores them) and the route of a launched run."""
+    bufs = run.bufs
     final = None
-    if output_final_state:
-        final = {"S": s_out}
+    if run.store_final:
+        final = {"S": bufs["s_out"]}
         final["P"] = bufs["p_out"]
-    return RecurrenceOutput(o, final, route), run
+    return RecurrenceOutput(run.o, final, run.route)
+
+
+# ---- context parallelism (runtime/cp.py, docs/context_parallel.md) ---------------------------------------------
+# The plan's CP schedule (compiler/plan.py: cp_stages): the stages that read no incoming state run once, the state
+# passes once per pass. The exchanges between the passes are the caller's (torch.distributed, in runtime/cp.py).
+def _cp_kernels():
+    """phase -> (name, kernel, grid kind) of the CP forward of a slice: once, aux (the auxiliary states' scans for
+    their offsets), after_aux (what reads the true incoming auxiliary states but not S), transition (the state pass
+    from [0 | I], values widened by dk columns), final (from the true incoming state)."""
+    return {
+        "once": [
+            ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
+            ("precond_exact", chunk_precond_exact_kernel, "chunk"),
+        ],
+        "aux": [
+        ],
+        "after_aux": [
+        ],
+        "transition": [
+            ("state_pass", chunk_state_pass_kernel, "state"),
+        ],
+        "final": [
+            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("output", chunk_output_kernel, "output"),
+        ],
+    }
+
+
+_VALUE_INPUTS = ["v"]  # the value-side inputs: widened by dk zero columns for the transition
+_STATE_BUFFERS = {"S": "s0", "A": "a0", "P": "p0", "C": "c0", "m": "m0", "n": "n0"}
+
+
+def _set_states(run, states):
+    """The run's initial states (for the launches that follow) replaced by `states` (name -> [N, ...])."""
+    for n, s in states.items():
+        s = s.to(device=run.device, dtype=torch.float32).contiguous()
+        run.st[n] = s
+        run.bufs[_STATE_BUFFERS[n]] = s
+
+
+def _transition(run, s0):
+    """The transition pass's run: the state from `s0` [N, HV, DK, W], W = DV, or DV + DK with the values (Ũ, or the
+    value inputs the state pass reads) widened by DK zero columns; H_n, U and the final state in buffers of their own.
+    Everything key-side (W, the decays, the keys) is the run's: computed once."""
+    DK, DV = run.DK, run.DV
+    wide = s0.shape[-1]
+    x, bufs = dict(run.x), dict(run.bufs)
+    if wide != DV:
+        for n in _VALUE_INPUTS:
+            t = x[n]
+            x[n] = torch.cat([t, t.new_zeros((*t.shape[:-1], wide - DV))], dim=-1)
+        u = bufs["u_buf"]
+        if u.numel() == run.TT * run.HV * DV:  # Ũ (delta families)
+            u = u.view(-1, DV)
+            bufs["u_buf"] = torch.cat([u, u.new_zeros((u.shape[0], wide - DV))], dim=1).reshape(-1)
+    bufs["h_buf"] = torch.empty(run.NT * run.HV * DK * wide, dtype=run.dt, device=run.device)
+    bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    if bufs["r_buf"].numel() > 1:
+        bufs["r_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)
+    bufs["s0"] = s0.to(device=run.device, dtype=torch.float32).contiguous()
+    bufs["s_out"] = torch.empty_like(bufs["s0"])
+    return _Run(**{**run.__dict__, "x": x, "bufs": bufs, "DV": wide, "store_final": True})
+
+
+def _launch(run, kernels):
+    if kernels:
+        run.launch(kernels)
+
+
+def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_state, exchange_aux, exchange_state,
+                     cu_seqlens=None, scale=None, keep=False):
+    """One CP slice's forward (runtime/cp.py): the stages that read no incoming state run once; the state pass runs
+    for the transition and again, with the output, from the true incoming state.
+
+    initial_state: the states every local segment starts from, the continued segment's (the first) from zero;
+    continued: the first segment continues a sequence from the previous rank (else nothing here waits for an
+    exchange: the true pass runs first, and its final states are what this slice passes on);
+    outgoing: a later rank continues the last segment (else what this slice passes on is never read: neither the
+    transition nor the auxiliary offsets are formed, and the exchanges get None);
+    transition_state: [N, HV, DK, DV + DK] ([0 | I] on the continued segment's rows) to widen the values by DK
+    columns, [N, HV, DK, DV] where the outgoing state cannot depend on the incoming one, or None (no transition);
+    exchange_aux(finals or None) -> the true initial auxiliary states; exchange_state(final or None) -> the true
+    initial S (each called once; after the true pass, where not `continued`, and then its return is not used).
+    Returns (RecurrenceOutput with the final states, what chunk_forward_train keeps (keep), the true initial
+    states), for chunk_backward_cp."""
+    ks = _cp_kernels()
+    run = _prepare(inputs, initial_state, True, cu_seqlens, scale, keep, ks["once"] + ks["after_aux"] + ks["final"])
+    _launch(run, ks["once"])
+    if ks["aux"]:
+        aux = {k[0] for k in ks["aux"]}
+        if not continued:  # the auxiliary scans from the true states (the given ones) right away
+            _launch(run, ks["aux"])
+            exchange_aux({k: v for k, v in _result(run).final_state.items() if k != "S"})
+            _launch(run, [k for k in ks["after_aux"] if k[0] not in aux])
+        else:
+            fin = None
+            if outgoing:  # the offsets: the scans with the continued segment from zero
+                _launch(run, ks["aux"])
+                fin = {k: v for k, v in _result(run).final_state.items() if k != "S"}
+            _set_states(run, exchange_aux(fin))
+            _launch(run, ks["after_aux"])
+    if not continued:
+        _launch(run, ks["final"])
+        exchange_state(run.bufs["s_out"] if outgoing else None)
+    else:
+        final = None
+        if outgoing and transition_state is not None:
+            tr = _transition(run, transition_state)
+            _launch(tr, ks["transition"])
+            final = tr.bufs["s_out"]
+            del tr  # its H_n and U
+        _set_states(run, {"S": exchange_state(final)})
+        _launch(run, ks["final"])
+    return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
 def _bwd_kernels():
@@ -1111,7 +1238,31 @@ def _bwd_kernels():
     ]
 
 
-def _launch_backward(run, kernels, make, results, alloc):
+def _cp_bwd_kernels():
+    """(name, kernel, grid kind, pass tag) of a CP slice's backward (compiler/plan.py: cp_stages), in launch order: a
+    stage tagged first / aux_first runs with the slice's own final-state adjoints (for d0, the exchange's), one tagged
+    again / aux_again after the exchange (a hook: kernel None) with the later ranks' adjoint added."""
+    return [
+        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
+        ("bwd_state", chunk_bwd_state_kernel, "state", "first"),
+        ("cp_state", None, "hook", None),
+        ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
+        ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
+        ("bwd_precond_exact", chunk_bwd_precond_exact_kernel, "chunk", None),
+        ("bwd_precond_gram", chunk_bwd_precond_gram_kernel, "seq_hp", None),
+        ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
+    ]
+
+
+# what a CP exchange hook reads and writes (for the backward's allocation schedule)
+_HOOK_ARGS = {"cp_state": ("ds0", "ds_fin"), "cp_aux": ("da0", "da_fin", "dc0", "dc_fin", "dm0", "dm_fin")}
+
+
+def _args_of(k):
+    return _HOOK_ARGS[k[0]] if k[2] == "hook" else _KERNEL_ARGS[k[1].__name__]
+
+
+def _launch_backward(run, kernels, make, results, alloc, hooks=None):
     """Launch the backward's kernels in order, each buffer of `make` allocated right before the first kernel that
     names it (_KERNEL_ARGS: the operands its body uses) and every buffer of the run dropped right after the last
     one, except `results` (the host reads them afterwards). The forward's buffers too: what the forward kept is
@@ -1128,10 +1279,17 @@ def _launch_backward(run, kernels, make, results, alloc):
     drop, segments = schedule
     for n in drop:
         del bufs[n]
+    # CP (chunk_backward_cp): a hook is a segment of its own; it names the pass tags whose stages are skipped
+    skip = set(hooks.get("skip", ())) if hooks else set()
     for new, segment, dead in segments:
         for n in new:
             bufs[n] = alloc(*make[n])
-        run.launch(segment)
+        if segment[0][2] == "hook":
+            skip |= hooks[segment[0][0]](bufs, run)
+        else:
+            launches = [k[:3] for k in segment if (k[3] if len(k) > 3 else None) not in skip]
+            if launches:
+                run.launch(launches)
         for n in dead:
             del bufs[n]
 
@@ -1142,7 +1300,7 @@ _SCHEDULES = {}
 def _backward_schedule(kernels, make, results, present):
     """(buffers read by no backward kernel, [(buffers to allocate, kernels, buffers dead after them)]): a segment ends
     before a kernel that needs a new buffer where buffers died in it, so that the new one can take their memory."""
-    used = [_KERNEL_ARGS[k[1].__name__] for k in kernels]  # in parameter order: allocations in a fixed order
+    used = [_args_of(k) for k in kernels]  # in parameter order: allocations in a fixed order
     last = {}
     for i, names in enumerate(used):
         for n in names:
@@ -1154,7 +1312,7 @@ def _backward_schedule(kernels, make, results, present):
     for i, k in enumerate(kernels):
         fresh = [n for n in used[i] if n in make and n not in allocated]
         dead = [n for n in live if last[n] < i]
-        if fresh and pending and dead:
+        if pending and (fresh and dead or k[2] == "hook" or pending[-1][2] == "hook"):
             segments.append((new, pending, dead))
             live = [n for n in live if n not in dead]
             new, pending = [], []
@@ -1174,6 +1332,40 @@ def _group_sum(g, dim, H, HV):
     return g.reshape(*shape[:dim], H, HV // H, *shape[dim + 1:]).sum(dim + 1)
 
 
+def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
+                      kept=None, continued, exchange_state, exchange_aux=None):
+    """One CP slice's backward (runtime/cp.py), chunk_backward's stages with the reverse state passes once per pass:
+    with the slice's own adjoints (only where the first segment is `continued`: d0, the adjoint of the incoming
+    state), then, after exchange_state(d0 or None) -> the later ranks' adjoint g of the outgoing state (added to the
+    final-state adjoint; None: zero by the layout, and that pass is skipped), again; the auxiliary states' reverse
+    passes likewise around exchange_aux(d0 or None) -> {name: g} or None. initial_state: the true initial states
+    (chunk_forward_cp's). Returns chunk_backward's (gradients, initial-state gradients); the continued segment's
+    initial-state gradient is the total adjoint of the incoming state, which the exchange accounts for."""
+    def cp_state(bufs, run):
+        d0 = bufs["ds0"].view(run.st["S"].shape) if continued else None
+        g = exchange_state(d0)
+        if g is None:
+            return {"again"} if continued else set()
+        bufs["ds_fin"] = bufs["ds_fin"] + g.to(bufs["ds_fin"].dtype).reshape(bufs["ds_fin"].shape)
+        return set()
+
+    def cp_aux(bufs, run):
+        names = {"A": ("da0", "da_fin"), "C": ("dc0", "dc_fin"), "m": ("dm0", "dm_fin")}
+        names = {n: b for n, b in names.items() if n in run.st}
+        d0 = {n: bufs[b0].view(run.st[n].shape) for n, (b0, _) in names.items()} if continued else None
+        g = exchange_aux(d0)
+        if g is None:
+            return {"aux_again"} if continued else set()
+        for n, t in g.items():
+            fin = names[n][1]
+            bufs[fin] = bufs[fin] + t.to(bufs[fin].dtype).reshape(bufs[fin].shape)
+        return set()
+
+    hooks = {"cp_state": cp_state, "cp_aux": cp_aux, "skip": () if continued else ("first", "aux_first")}
+    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, _cp_bwd_kernels(),
+                     hooks)
+
+
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
                    kept=None):
     """Gradients of `exact_atq` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
@@ -1182,6 +1374,10 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
     each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
     """
+    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, _bwd_kernels(), None)
+
+
+def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks):
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, kernels=_rerun_kernels(kept is not None),
                         kept=kept)
@@ -1250,7 +1446,7 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
         make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
     # what the host reads after the last kernel: the gradients and the initial states' adjoints
     results = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
-    _launch_backward(run, _bwd_kernels(), make, results, buf)
+    _launch_backward(run, kernels, make, results, buf, hooks)
 
     grads = {}
     for n in _INPUTS:
