@@ -204,7 +204,7 @@ def test_simulated_many_ranks(spec: str) -> None:
 def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
     from dgps.cli import main
 
-    assert main(["show", "specs/pgdn.dgps", "--stage", "plan", "--cp"]) == 0
+    assert main(["show", str(WORKER.parent.parent / "specs" / "pgdn.dgps"), "--stage", "plan", "--cp"]) == 0
     out = capsys.readouterr().out
     assert "CP plan pgdn" in out and "A_out = exp(sum of gP) * A_in + A0" in out and "h_out = M h_in + h0" in out
     # the stages per slice: the intra-chunk work once, the state passes per pass, forward and backward
@@ -213,10 +213,10 @@ def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
     assert "per pass" in rows["cumsum_gP"] and "after the auxiliary exchange" in rows["interaction"]
     assert "per pass" in rows["bwd_state_pass"] and "per pass" in rows["bwd_precond_diag"]
     assert rows["bwd_grads"].split()[1] == "once" and rows["bwd_inputs"].split()[1] == "once"
-    assert main(["show", "specs/gdn.dgps", "--stage", "plan", "--cp"]) == 0
+    assert main(["show", str(WORKER.parent.parent / "specs" / "gdn.dgps"), "--stage", "plan", "--cp"]) == 0
     out = capsys.readouterr().out.split("stages per slice")[1]
     assert "state_pass + output" in out and "one launch with output" in out
     for stage in ("l2norm", "cumsum_g", "interaction + triangular_solve", "wy"):
         assert f"    {stage:<34} once: reads no incoming state" in out
-    assert main(["show", "specs/exact_atk.dgps", "--stage", "plan", "--cp"]) == 0
+    assert main(["show", str(WORKER.parent.parent / "specs" / "exact_atk.dgps"), "--stage", "plan", "--cp"]) == 0
     assert "refused: the exact preconditioner" in capsys.readouterr().out
