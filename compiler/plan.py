@@ -705,9 +705,8 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_solve", "bwd_grads",
-                  "bwd_curvature_query",
-                  "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram",
-                  "bwd_inputs")
+                  "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag",
+                  "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -1025,8 +1024,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
     inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "dY", "dSg", "dLg", "dbeta_c", "db_c"}
-    adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p), _bwd_precond_diag(p),
-                             _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
+    adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p),
+                             _bwd_precond_diag(p), _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
@@ -1040,8 +1039,7 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
     _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_query,
-    _bwd_curvature_key,
-    _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
+    _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 
 
@@ -1062,8 +1060,8 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 
 # --- the memory model: what the backward keeps from the forward, what it forms again, and why -----------------------
 # The backward runs in three phases, in launch order: the state passes (the forward's state pass rerun, bwd_local_values,
-# the reverse state pass); the chunk gradients (bwd_scores, bwd_intra, bwd_solve, bwd_grads), where H_n, dH_n, dU, the score and
-# pair gradients and the chunk-operand adjoints are all live: the step's peak; the chain rule (the preconditioner's
+# the reverse state pass); the chunk gradients (bwd_scores, bwd_intra, bwd_solve, bwd_grads), where H_n, dH_n, dU, the
+# score and pair gradients and the chunk-operand adjoints are all live: the step's peak; the chain rule (the preconditioner's
 # and the curvature read's reverse passes, bwd_inputs). The host frees every buffer after the last kernel that reads
 # it, the kept ones too (the eager path hands them to the backward), so a kept output costs memory at the peak
 # exactly when a stage at or after the chunk gradients reads it; what only the state passes read is gone by then,
