@@ -860,13 +860,13 @@ def _bwd_solve(p: Plan) -> Stage | None:
     outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
             Operand("dbeta_c", "[B,T,HV]", "fp32")]
     if decays:
-        outs.append(Operand("db_c", "[B,T,HV]", "fp32"))
+        outs += [Operand("db_s", "[B,T,HV]", "fp32"), Operand("db_l", "[B,T,HV]", "fp32")]
     if "dz" in stored_adjoints(p):
         outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
     form = "dS = scale mask(dO U^T); dY = Ai^T dU, dZ = beta dY" + (" + dR" if p.structure.route != "none" else "") + \
         ", dM = -dY U^T, dL' = beta dM" + (" - mask(dR U^T)" if residual else "") + \
-        "; dbeta_c = sum dY Z + sum dM L'" + ("; db_c = rows - columns of dS S + dL' L'" if decays else "") + \
+        "; dbeta_c = sum dY Z + sum dM L'" + ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
         "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
         "; dY, dSg, dLg in the input dtype"
     reads = ("state_pass.U", "triangular_solve.Tm") + (("interaction.L",) if reads_l else ()) + \
@@ -927,7 +927,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
         ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())
     if split:
-        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_c",) if p.structure.decay != "none" else ())
+        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_s", "db_l") if p.structure.decay != "none" else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 
@@ -1023,7 +1023,7 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "dY", "dSg", "dLg", "dbeta_c", "db_c"}
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "dY", "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
     adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p),
                              _bwd_precond_diag(p), _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]

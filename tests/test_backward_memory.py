@@ -79,7 +79,7 @@ def test_backward_frees_each_buffer_after_its_last_reader(name: str) -> None:
     assert ("du_buf" in grads) == (name == "pkda")
     last = at[seen[-1][0][-1]]
     # bwd_solve's adjoints (scalar-decay delta family) live through bwd_grads, which reads them
-    solve = {"dy_buf", "dsg_buf", "dlg_buf", "dbc_buf", "dgc_buf"}
+    solve = {"dy_buf", "dsg_buf", "dlg_buf", "dbc_buf", "dgs_buf", "dgl_buf"}
     assert (solve <= grads) == (name != "pkda")
     # after bwd_grads: H_n, dH, dU, U, the pair shares and bwd_solve's adjoints are gone; what the chain rule reads stays
     assert not last & ({"h_buf", "dh_buf", "du_buf", "vn_buf", "pq_buf", "pa_buf", "pe_buf", "t_buf"} | solve)

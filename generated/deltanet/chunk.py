@@ -802,13 +802,15 @@ def chunk_bwd_state_kernel(
         m_k = o_k < DK
         tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
 
-# ---- backward stage solve (scalar or no decay, delta family; docs/chunk_forms.md §8): the chunk's c×c adjoints, once -
-#   per chunk and head, over the value channels once (not in every key block of bwd_grads). With M = I + Diag(β)L',
-#   Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
-#   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM,
-#   and the shares of the per-token sums that need every key channel: dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'. L' is formed over the key channels in blocks of BK.
-#   bwd_grads reads dY and the pair gradients dS and dL' as [T, HV, BT] rows in the input dtype (its pair
-#   products round their operands to it anyway), and dβ_c in fp32; the target's adjoint is final here.
+# ---- backward stage solve (delta family, scalar or no decay; docs/chunk_forms.md §8): the chunk's c×c adjoints ------
+#   One program per chunk and head, over the value channels once (not in every key block of bwd_grads). With
+#   M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
+#   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower),
+#   dL' = Diag(β) dM, and the shares of the per-token sums that need every key channel:
+#   dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'.
+#   L' is formed over the key channels in blocks of BK.
+#   bwd_grads reads dY and the pair gradients dS and dL' ([T, HV, BT] rows) in the
+#   input dtype (its products round their operands to it anyway), and the per-token shares in fp32; the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
     p_k, p_v, p_beta, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_v, cu_seqlens,
@@ -924,7 +926,7 @@ def chunk_bwd_grad_kernel(
         # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
-    # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 24 B spill, 96 B with fp32
+    # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
     # tiles)
     _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_q = _b_q_q
@@ -941,7 +943,6 @@ def chunk_bwd_grad_kernel(
     g_q += b_dq
     tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_da = _mm(tl.trans(b_dsg), b_q, DT_ID) + b_das
-    # the erase key's tile is loaded where it is first read, after dq̂'s store
     b_e = b_a
     b_ef = b_e
     # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_solve
@@ -1003,7 +1004,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
-            "dlg_buf", "dgc_buf",
+            "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \

@@ -917,19 +917,21 @@ def chunk_bwd_state_kernel(
         m_k = o_k < DK
         tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
 
-# ---- backward stage solve (scalar or no decay, delta family; docs/chunk_forms.md §8): the chunk's c×c adjoints, once -
-#   per chunk and head, over the value channels once (not in every key block of bwd_grads). With M = I + Diag(β)L',
-#   Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
-#   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM,
-#   and the shares of the per-token sums that need every key channel: dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L',
-#   db_c = row sums minus column sums of dS ⊙ S and dL' ⊙ L' (S = Q̂ ⋆ A; fp32: the bf16-operand pair products' q ⊙ dq
-#   − a ⊙ da would not cancel). L' and S are formed over the key channels in blocks of BK.
-#   bwd_grads reads dY and the pair gradients dS ⊙ Γ and dL' ⊙ Γ (Γ = e^{b_i − b_j}) as [T, HV, BT] rows in the input dtype (its pair
-#   products round their operands to it anyway), and dβ_c, db_c in fp32; the target's adjoint is final here.
+# ---- backward stage solve (delta family, scalar or no decay; docs/chunk_forms.md §8): the chunk's c×c adjoints ------
+#   One program per chunk and head, over the value channels once (not in every key block of bwd_grads). With
+#   M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
+#   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower),
+#   dL' = Diag(β) dM, and the shares of the per-token sums that need every key channel:
+#   dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'; for db the row sums minus column sums of dS ⊙ S (S = Q̂ ⋆ A) and of dL' ⊙ L'
+#   (fp32: the bf16-operand pair products' q ⊙ dq − a ⊙ da would not cancel).
+#   L' and S are formed over the key channels in blocks of BK.
+#   bwd_grads reads dY and the pair gradients dS ⊙ Γ and dL' ⊙ Γ (Γ = e^{b_i − b_j}) ([T, HV, BT] rows) in the
+#   input dtype (its products round their operands to it anyway), and the per-token shares in fp32 (db's two
+#   apart: bwd_grads adds them in the fused kernel's order); the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
-    p_v, p_b, g_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dgc_buf, dx_v, pn_q, pn_k,
-    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, p_b, g_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dgs_buf, dgl_buf, dx_v, pn_q,
+    pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -992,8 +994,8 @@ def chunk_bwd_solve_kernel(
     tl.store(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
     b_dl = b_dm * b_beta[:, None]
     b_s = tl.where(m_le, b_s * b_gam, 0.)
-    b_db = tl.sum(b_ds * b_s, 1) - tl.sum(b_ds * b_s, 0) + tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0)
-    tl.store(dgc_buf + t0 * HV + ((o_t) * HV + i_hv), b_db, mask=m_r)
+    tl.store(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_ds * b_s, 1) - tl.sum(b_ds * b_s, 0), mask=m_r)
+    tl.store(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0), mask=m_r)
     b_ds = b_ds * b_gam
     b_dl = b_dl * b_gam
     tl.store(dsg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _cast_for(b_ds, dsg_buf, DT_ID), mask=m_r[:, None])
@@ -1012,8 +1014,9 @@ def chunk_bwd_solve_kernel(
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_b, g_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf,
-    dgc_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    dgs_buf, dgl_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1053,7 +1056,7 @@ def chunk_bwd_grad_kernel(
         # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
-    # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 24 B spill, 96 B with fp32
+    # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
     # tiles)
     _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_q = _b_q_q
@@ -1068,21 +1071,22 @@ def chunk_bwd_grad_kernel(
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
     # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
     # then dg = reverse cumsum of db within the chunk.
-    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S and dL' ⊙ L' in fp32 (bwd_solve's
-    # db_c, counted by block 0), rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel.
+    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S and dL' ⊙ L' in fp32 (bwd_solve's,
+    # counted by block 0), rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel.
     # the output scores' pair gradient: bwd_solve's dS ⊙ Γ (input dtype) against this block's keys
     b_dsg = tl.load(dsg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_dq = _mm(b_dsg, b_a, DT_ID)
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
-    b_db = tl.where(i_k == 0, tl.load(dgc_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) + \
+    # bwd_solve's two shares, added in the fused kernel's order (dS ⊙ S first, dL' ⊙ L' after the state terms)
+    b_dbl = tl.where(i_k == 0, tl.load(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.)
+    b_db = tl.where(i_k == 0, tl.load(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) + \
         tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
     tl.store(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
     b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
     b_da = _mm(tl.trans(b_dsg), b_q, DT_ID) + b_das
-    # the erase key's tile is loaded where it is first read, after dq̂'s store
     b_e = b_a
     b_ef = b_e * b_eb
     # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_solve
@@ -1092,6 +1096,7 @@ def chunk_bwd_grad_kernel(
     b_dlg = tl.load(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_de = _mm(b_dlg, b_a, DT_ID)
     b_da += _mm(tl.trans(b_dlg), b_e, DT_ID)
+    b_db += b_dbl
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
     b_de -= b_dews
@@ -1195,7 +1200,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
-            "dlg_buf", "dgc_buf",
+            "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
@@ -1213,8 +1218,8 @@ _KERNEL_ARGS = {
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_solve_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgc_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_b', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_solve_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_b', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_a', 'p_b', 'p_A_log', 'p_dt_bias', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_a', 'dx_b', 'dx_A_log', 'dx_dt_bias', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1602,7 +1607,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
     make["dsg_buf"] = (TT * HV * BT, dt)
     make["dlg_buf"] = (TT * HV * BT, dt)
     make["dbc_buf"] = (TT * HV, fp32)
-    make["dgc_buf"] = (TT * HV, fp32)
+    make["dgs_buf"] = (TT * HV, fp32)  # db's share from dS ⊙ S
+    make["dgl_buf"] = (TT * HV, fp32)  # and from dL' ⊙ L'
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)
