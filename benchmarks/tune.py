@@ -27,6 +27,8 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
           "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
+          # the scalar- or no-decay delta family's split of bwd_grads: per chunk, then per key block (the same kernel name)
+          "bwd_solve": "chunk_bwd_solve_kernel", "bwd_key_grads": "chunk_bwd_grad_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
           "bwd_curvature_query": "chunk_bwd_curvature_query_kernel", "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
           "bwd_curvature_state": "chunk_bwd_curvature_state_kernel"}
@@ -47,6 +49,8 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "bwd_state": itertools.product([full], [32, 64], [4], [1, 2, 3]),  # BV 16 faulted (run 2)
         "bwd_local_values": itertools.product([64, full], [32, 64, full], [4, 8], [1, 2]),
         "bwd_grads": itertools.product([32, 64, full], [32, 64], [4, 8], [1, 2]),
+        "bwd_solve": itertools.product([64], [32, 64, full], [4, 8], [1, 2]),
+        "bwd_key_grads": itertools.product([32, 64], [32, 64], [4, 8], [1, 2]),
         "bwd_scores": itertools.product([64], [32, 64], [4, 8], [1, 2]),
         "bwd_intra": itertools.product([16, 32, 64], [64], [2, 4, 8], [1]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
@@ -81,6 +85,11 @@ def sweep(spec: str, stage: str, shape: list[int], configs: list[tuple[int, int,
             t.grad = None
         pkg.forward(**x).o.backward(do)
 
+    launched = {name for name, _, _ in pkg.chunk._kernels() + pkg.chunk._bwd_kernels()}
+    launched |= {name for name, _, _ in pkg.chunk._rerun_kernels(True) + pkg.chunk._rerun_kernels(False)}
+    if stage not in launched:  # e.g. bwd_grads of a spec that runs bwd_solve + bwd_key_grads: its overrides do nothing
+        print(f"{spec} launches no stage {stage}", file=sys.stderr, flush=True)
+        return
     for cfg in configs or candidates(stage, D):
         pkg.chunk.LAUNCH_OVERRIDES[stage] = cfg
         step()
@@ -99,7 +108,7 @@ def main() -> int:
     p.add_argument("spec")
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128])
     p.add_argument("--stages", nargs="+", default=["interaction", "wy", "state_output", "state_pass", "output", "bwd_state",
-                                                   "bwd_grads", "bwd_inputs"])
+                                                   "bwd_solve", "bwd_key_grads", "bwd_grads", "bwd_inputs"])
     p.add_argument("--json", default=None)
     p.add_argument("--configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                    help="only these candidates (every stage swept)")

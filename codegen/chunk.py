@@ -41,9 +41,13 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
                          per chunk and head, to memory
     bwd_intra            per-channel decay: the pair gradients of the decayed scores on 16×16 sub-blocks (one
                          reference per off-diagonal block, the diagonal blocks token by token)
-    bwd_grads            per chunk: gradients of q̂, the write/erase keys, the target, β and the log-gate
-                         (through the WY solve: dY = Aiᵀ dU, dM = −dY Uᵀ; scalar-decay score pairs as masked
-                         matmuls, per-channel pairs from bwd_intra; dg = reverse cumsum of db)
+    bwd_solve            delta family, scalar or no decay: once per chunk and head, the c×c adjoints (dS = dO Uᵀ,
+                         through the WY solve dY = Aiᵀ dU, dZ, dM = −dY Uᵀ, dL′; L′ and Q̂ ⋆ A over the key
+                         channels for the c×c shares of dβ and db), for bwd_grads
+    bwd_grads            per chunk and key block: gradients of q̂, the write/erase keys, the target, β and the
+                         log-gate (per-channel pairs from bwd_intra; the delta family's c×c adjoints from bwd_solve,
+                         its launch then bwd_key_grads; the additive family's score pairs as masked matmuls; dg =
+                         reverse cumsum of db)
     bwd_curvature_query  CCQ, forwards over chunks (the forward's carry rerun): the sums' share of dq, dλ
     bwd_curvature_key    CCQ, reverse over chunks with (D + Dᵀ)[:, cols] carried (anti-causal linear attention): dk, dm_0
     bwd_curvature_state  CCQ: dC_0 = dC_final − Σ_t S_t q_tᵀ
@@ -68,7 +72,16 @@ import sympy as sp
 
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
-from ..compiler.plan import Plan, build_backward_plan, build_plan, cp_stages, launch_of, stored_adjoints, tied_keys_of
+from ..compiler.plan import (
+    BackwardPlan,
+    Plan,
+    build_backward_plan,
+    build_plan,
+    cp_stages,
+    launch_of,
+    stored_adjoints,
+    tied_keys_of,
+)
 from .address import ROWS, row_offset
 from .decay import decay_hook
 from .ir_source import ir_source
@@ -217,6 +230,7 @@ BACKWARD_RULES = {
     "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state", "chunk_bwd_state.jinja"),
     "bwd_scores": Launch("bwd_scores", "chunk_bwd_scores_kernel", "chunk", "chunk_bwd_scores.jinja"),
     "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_sub_keys", "chunk_bwd_intra.jinja"),
+    "bwd_solve": Launch("bwd_solve", "chunk_bwd_solve_kernel", "chunk", "chunk_bwd_solve.jinja"),
     "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
     "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "key_state",
                                   "chunk_bwd_curvature_query.jinja"),
@@ -242,7 +256,7 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun]))
-    names += [BACKWARD_RULES[k].name for k in (bplan.kinds() if bplan else [])]
+    names += [la.name for la in (backward_launches(plan) if bplan else [])]
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind)
 
 
@@ -264,6 +278,31 @@ UNTIED_BACKWARD_RULES = {
 VECTOR_RULES = {
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction_vector.jinja"),
 }
+
+
+# With bwd_solve in the backward plan (the scalar- or no-decay delta family: compiler/plan.py, _solve_split), bwd_grads
+# is the per-key-block half: the same template and kernel, its own launch-table entry (it holds fewer tiles).
+SOLVE_BACKWARD_RULES = {
+    "bwd_grads": Launch("bwd_key_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
+}
+
+
+def backward_rules(plan: Plan, bplan: BackwardPlan) -> dict[str, Launch]:
+    """Backward stage kind -> its launch, for this plan's family and backward plan."""
+    rules = dict(BACKWARD_RULES)
+    if plan.family == "untied":
+        rules.update(UNTIED_BACKWARD_RULES)
+    if "bwd_solve" in bplan.kinds():
+        rules.update(SOLVE_BACKWARD_RULES)
+    return rules
+
+
+def backward_launches(plan: Plan) -> list[Launch]:
+    """The launches of the backward plan's stages, in its order."""
+    bplan = build_backward_plan(plan)
+    assert bplan is not None
+    rules = backward_rules(plan, bplan)
+    return [rules[k] for k in bplan.kinds()]
 
 
 def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None
@@ -314,20 +353,27 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
             raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
     kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
-    rules = {**BACKWARD_RULES, **UNTIED_BACKWARD_RULES} if plan.family == "untied" else BACKWARD_RULES
+    launches = backward_launches(plan)
+    split = "bwd_solve" in bplan.kinds()
+    # the delta family without a per-channel decay has no fused c×c path left in chunk_bwd_grad.jinja
+    if split != (plan.family == "tied" and plan.structure.decay != "vector"):
+        raise AssertionError(f"{ir.name}: the scalar- or no-decay delta family's c×c adjoints come from bwd_solve, "
+                             "and only then")
+    rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
-    return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=[rules[k] for k in bplan.kinds()],
+    return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
                 cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
-                intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan),
-                fused_grads=_fused_grad_code(ir, em, fused))
+                intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan), split=split,
+                grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
+                fused_grads=_fused_grad_code(ir, em, fused, value_once=split))
 
 
 def backward_reads_l(plan: Plan) -> bool:
-    """Whether a stage of the backward plan reads L' back (the plan decides; bwd_grads re-forms it elsewhere)."""
+    """Whether a stage of the backward plan reads L' back (the plan decides; bwd_solve re-forms it elsewhere)."""
     bp = build_backward_plan(plan)
     return bp is not None and any("interaction.L" in st.attr("reads", ()) for st in bp.stages)
 
@@ -581,7 +627,7 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False)
+                   tied_keys=False, split=False, grads_launch="bwd_grads")
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
@@ -721,9 +767,12 @@ def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:
     return f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")")
 
 
-def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, str]:
+def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: bool = False) -> dict[str, str]:
     """Per bwd_grads part (z, q, e, a): the chain-rule statements for the inputs in `fused`, placed where that
-    part's adjoint tile is final; an input's gradient is stored after the last part that reads it."""
+    part's adjoint tile is final; an input's gradient is stored after the last part that reads it. The value-side
+    part (z) runs in every key block, whose block 0 stores it, unless `value_once`: then a per-chunk stage (bwd_solve)
+    forms it, once."""
+    only_value = "" if value_once else "i_k == 0"
     out = {p: [] for p in _ADJOINT_OF_PART}
     if not fused:
         return {p: "" for p in out}
@@ -746,7 +795,7 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, 
                 # zero, stored once with the first part of its side, so that no buffer is left unwritten
                 host = next(p for p in order if parts[p].side == role)
                 out[host] += [f"{g} = {_ZERO[role]}",
-                              _grad_store(d, g, role, only_if="i_k == 0" if role == "value" else "")]
+                              _grad_store(d, g, role, only_if=only_value if role == "value" else "")]
             for i, p in enumerate(reading):
                 lines = out[p]
                 side = parts[p].side
@@ -763,8 +812,8 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...]) -> dict[str, 
                                          indent=8 if p == "z" else 4))
                     lines.append(f"{g} += {var} * {_ADJOINT_TILE[p]}")
                 if i == len(reading) - 1:
-                    # the value-side gradient is formed in every key block; block 0 stores it
-                    lines.append(_grad_store(d, g, role, only_if="i_k == 0" if role == "value" else ""))
+                    # the value-side gradient is formed in every key block, whose block 0 stores it (or once)
+                    lines.append(_grad_store(d, g, role, only_if=only_value if role == "value" else ""))
     finally:
         em.q_override = saved
     return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}

@@ -89,7 +89,28 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         return min(32, BK), bv_full, 2, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
+    if name == "bwd_solve":
+        # the delta family's c×c adjoints, one program per chunk and head (scalar or no decay; chunk_bwd_solve.jinja):
+        # [BT, BT] accumulators over BV value channels, then L' and Q̂ ⋆ A over BK key channels. Compile report (sm_90,
+        # dk = dv = 128), registers / spill / shared: gdn 249 / 0 / 32 KB (two programs per SM), pgdn 255 / 8 B,
+        # cler_h_gdn 244 / 0, ccq_gdn 245 / 0, deltanet 186 / 0; gdn BV 128 255 / 0 / 56 KB, 8 warps 176 / 0, 2 stages
+        # 236 / 0 / 64 KB. Not yet timed on the H200
+        return bk_block, bv_full, 4, 1
+    if name == "bwd_key_grads":
+        # bwd_grads after bwd_solve: one program per chunk, head and 64 key channels, three [BT, BK] accumulators over the
+        # dv blocks (dO Hᵀ, U dHᵀ, dY Hᵀ) and four products with the c×c adjoints after them (10 64³ products, against the
+        # fused kernel's 18). Compile report (sm_90, dk = dv = 128), 4 warps: gdn 255 registers / 48 B spill / 40 KB
+        # shared (two programs per SM, the fused kernel's 8 warps at 255 held one), gdn_fused_gate 255 / 56 B, clvr_gdn
+        # 255 / 48 B, cler_h_gdn and ccq_gdn 255 / 104 B, pgdn 255 / 112 B, deltanet 235 / 0, pdn 254 / 0, exact_atk
+        # 232 / 0 (adding bwd_solve's two db shares in the fused kernel's order, for its exact fp32 sums, cost gdn 24 B of
+        # spill); at 8 warps none spills (gdn 197, gdn_fused_gate 192, pgdn 194, ccq_gdn 193, cler_h_gdn 201: one program
+        # per SM; deltanet 127, two); BK 32 / 4 warps: gdn 178 / 0 (two programs per SM, at twice the value-side and c×c
+        # loads). dk = dv = 64: gdn 4 warps 72 B spill, 8 warps 254 / 0; dk = dv = 256: gdn 255 / 64 B. Not yet timed on
+        # the H200 (the fused kernel's BK 32 / BV 64 / 4 warps faulted under Triton 3.6)
+        return bk_block, bv_full, 4, 1
     if name == "bwd_grads":
+        # (the additive family's and per-channel decay's: the delta family with a scalar or no decay runs bwd_solve and
+        # bwd_key_grads)
         # one program per chunk, head and 64 key channels. H200, gdn dk = dv = 128 (benchmarks/tune.py, run 9):
         # BK 64 / BV 64 / 8 warps 1.10 ms, BK 128 (full width) / BV 64 1.20, BK 64 / BV 32 1.28 (run 6's full
         # width, before the epilogue stored each adjoint as soon as it was final: 1.61)

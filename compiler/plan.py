@@ -707,9 +707,9 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
-BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_grads", "bwd_curvature_query",
-                  "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram",
-                  "bwd_inputs")
+BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_solve", "bwd_grads",
+                  "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag",
+                  "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -833,6 +833,56 @@ def _bwd_intra(p: Plan) -> Stage | None:
                  (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
 
 
+def _solve_split(p: Plan) -> bool:
+    """Whether the scalar- or no-decay delta family's chunk gradients run in two stages: bwd_solve once per chunk and
+    head (the c×c adjoints, which do not depend on the key channels), then bwd_grads per block of key channels.
+
+    The fused form formed dS = dO Uᵀ, dY = Aiᵀ dU, dM = −dY Uᵀ, L′ and Q⋆A again in every key block, with
+    those [BT, BT] accumulators live next to the [BT, BK] ones: 255 registers at 8 warps (gdn, dk = dv = 128, sm_90), one
+    program per SM. The additive family keeps the fused kernel: it has no solve, its only c×c work per key block is
+    the output scores' gradient, and it holds fewer tiles (simple_gla: 157 registers at 8 warps, no spill).
+    Per-channel decay has its own split (bwd_scores, bwd_intra)."""
+    return p.family == "tied" and p.structure.decay != "vector"
+
+
+def _value_grads(p: Plan) -> tuple[str, ...]:
+    """The elementwise gradients of value-side inputs (they read only the target's adjoint)."""
+    return tuple(o.name for o in p.inputs if o.name in p.elementwise_grads and o.dims[-1] == "dv")
+
+
+def _bwd_solve(p: Plan) -> Stage | None:
+    # Once per chunk and head, over the value channels: everything bwd_grads needs that is a c×c product or a sum over
+    # all the key channels. dY and the decayed pair gradients go to memory in the input dtype (bwd_grads' products
+    # round their operands to it anyway: its results are the fused kernel's); the per-token c×c shares of dβ and db
+    # go in fp32, added by bwd_grads' first key block. bwd_grads then reads dY where it read dU.
+    if not _solve_split(p):
+        return None
+    residual = p.structure.route == "residual"
+    decays = p.structure.decay != "none"
+    reads_l = residual  # the residual route keeps L' for the output; otherwise it is re-formed from the keys here
+    outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
+            Operand("dbeta_c", "[B,T,HV]", "fp32")]
+    if decays:
+        outs += [Operand("db_s", "[B,T,HV]", "fp32"), Operand("db_l", "[B,T,HV]", "fp32")]
+    if "dz" in stored_adjoints(p):
+        outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
+    outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
+    form = "dS = scale mask(dO U^T); dY = Ai^T dU, dZ = beta dY" + (" + dR" if p.structure.route != "none" else "") + \
+        ", dM = -dY U^T, dL' = beta dM" + (" - mask(dR U^T)" if residual else "") + \
+        "; dbeta_c = sum dY Z + sum dM L'" + ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
+        "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
+        "; dY, dSg, dLg in the input dtype"
+    reads = ("state_pass.U", "triangular_solve.Tm") + (("interaction.L",) if reads_l else ()) + \
+        (("chunk_cumsum.b",) if decays else ())
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads))
+    if not reads_l:
+        attrs += (("forms", "L'" + (" and Q*A" if decays else "") + " over the key channels, once per chunk"),)
+    if _value_grads(p):
+        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in _value_grads(p))),)
+    ins = ("dO", "dU") + (("dR",) if p.structure.route != "none" else ())
+    return Stage("bwd_solve", "bwd_solve", ins, tuple(outs), attrs)
+
+
 def _bwd_grads(p: Plan) -> Stage | None:
     shapes = {"dqp": "[B,T,HV,dk]", "dkw": "[B,T,HV,dk]", "dz": "[B,T,HV,dv]", "dke": "[B,T,HV,dk]", "dkf": "[B,T,HV,dk]"}
     if p.family == "untied":
@@ -851,31 +901,36 @@ def _bwd_grads(p: Plan) -> Stage | None:
         return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
     delta = p.family == "tied"
     vec = p.structure.decay == "vector"
-    outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p)]
-    outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in p.elementwise_grads]
+    split = _solve_split(p)
+    # with bwd_solve, the target's adjoint and the value inputs' gradients are its outputs
+    mine = [n for n in p.elementwise_grads if not (split and n in _value_grads(p))]
+    outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (split and name == "dz")]
+    outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in mine]
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     if p.structure.decay != "none":
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
-    # L' = E ⋆⁻ A: read back where the residual route keeps it anyway; with a scalar or no decay each key block
-    # re-forms its share, one masked 64×64 product (no kept fp32 L'); per-channel decay reads it in bwd_scores
-    reads_l = delta and not vec and p.structure.route == "residual"
-    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta else ()) + \
-        (("interaction.L",) if reads_l else ())
+    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta and not split else ())
     if vec:  # the c×c parts came from bwd_scores and bwd_intra
         form = ("dY = Ai^T dU, dZ = beta dY; " if delta else "dZ = beta dU; ") + "adds the pair gradients of bwd_intra" + \
             "; dg = reverse cumsum of db"
+    elif split:  # the c×c parts came from bwd_solve
+        form = "dW = dY H^T; score pairs from dSg, dLg as matmuls with this block's keys" + \
+            ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
     else:
-        form = ("dY = Ai^T dU, dZ = beta dY, dM = -dY U^T, dL' = beta dM; " if delta else "dZ = beta dU; ") + \
-            "score pairs as masked matmuls" + ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+        form = "dZ = beta dU; score pairs as masked matmuls" + \
+            ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads), ("key_blocks", "dbeta, dg as partial sums"))
-    if p.elementwise_grads:
+    if mine:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
-        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in p.elementwise_grads)),)
-    ins = ("dO", "dHn1", "dU") + (("dR",) if p.structure.route != "none" else ())
+        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine)),)
+    ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
+        (("dR",) if p.structure.route == "residual" or (p.structure.route != "none" and not split) else ())
     if vec:
         ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())
+    if split:
+        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_s", "db_l") if p.structure.decay != "none" else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 
@@ -971,9 +1026,9 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms"}
-    adj = [o.name for st in (_bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p), _bwd_precond_diag(p),
-                             _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "dY", "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
+    adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p),
+                             _bwd_precond_diag(p), _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
@@ -986,8 +1041,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_grads, _bwd_curvature_query, _bwd_curvature_key,
-    _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
+    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_query,
+    _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 
 
@@ -1008,15 +1063,15 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 
 # --- the memory model: what the backward keeps from the forward, what it forms again, and why -----------------------
 # The backward runs in three phases, in launch order: the state passes (the forward's state pass rerun, bwd_local_values,
-# the reverse state pass); the chunk gradients (bwd_scores, bwd_intra, bwd_grads), where H_n, dH_n, dU, the score and
-# pair gradients and the chunk-operand adjoints are all live: the step's peak; the chain rule (the preconditioner's
+# the reverse state pass); the chunk gradients (bwd_scores, bwd_intra, bwd_solve, bwd_grads), where H_n, dH_n, dU, the
+# score and pair gradients and the chunk-operand adjoints are all live: the step's peak; the chain rule (the preconditioner's
 # and the curvature read's reverse passes, bwd_inputs). The host frees every buffer after the last kernel that reads
 # it, the kept ones too (the eager path hands them to the backward), so a kept output costs memory at the peak
 # exactly when a stage at or after the chunk gradients reads it; what only the state passes read is gone by then,
 # kept or recomputed, and recomputing it shortens only what a training forward holds until its backward (per layer,
 # in a model).
 BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
-PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_grads": 1,
+PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_solve": 1, "bwd_grads": 1,
             "bwd_curvature_query": 2, "bwd_curvature_key": 2, "bwd_curvature_state": 2, "bwd_precond_diag": 2,
             "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
 PEAK_PHASE = 1
@@ -1069,8 +1124,8 @@ def _stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     """Whether a forward stage's output exists in memory at all. Not where it is evaluated on its consumers' loads or
     accumulated inside its consumer's scan (the statistic's decay cumsum); not the exclusive cumsum b_(t-1) (the
     kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
-    no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_grads re-forms
-    its share of a scalar-decay L'); not a final state (a result)."""
+    no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_solve re-forms
+    a scalar-decay L' from the keys); not a final state (a result)."""
     if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused")) or o.dims[0] == "N":
         return False
     if st.kind == "chunk_cumsum" and o is not st.outputs[0]:
@@ -1112,7 +1167,7 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
     kind = sts[0].kind
     cost = RECOMPUTE_COST[kind]
     if not any(_stored(p, st, o, read) for st in sts for o in st.outputs):
-        again = (f": bwd_grads re-forms its share of {sts[0].outputs[0].name} (one masked product per key block)"
+        again = (f": bwd_solve re-forms {sts[0].outputs[0].name} from the keys (one masked product per chunk)"
                  if kind == "interaction" else "")
         return f"{cost}, not rerun; nothing of it is stored{again}"
     carries = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and len(o.dims) == 4]

@@ -74,10 +74,15 @@ def test_backward_frees_each_buffer_after_its_last_reader(name: str) -> None:
     # dU_local is dead after the reverse state pass; W after it, Ũ after the rerun of the forward's state pass
     assert not grads & {"dul_buf", "w_buf", "u_buf", "o_buf"}
     assert {"w_buf", "u_buf"} <= dead_at["bwd_grads"]
-    assert {"h_buf", "dh_buf", "du_buf", "vn_buf"} <= grads
+    assert {"h_buf", "dh_buf", "vn_buf"} <= grads
+    # dU: bwd_solve's last input (bwd_grads reads dY = Aiᵀ dU instead), gone before bwd_grads where bwd_solve runs
+    assert ("du_buf" in grads) == (name == "pkda")
     last = at[seen[-1][0][-1]]
-    # after bwd_grads: H_n, dH, dU, U and the pair shares are gone; what the chain rule reads stays
-    assert not last & {"h_buf", "dh_buf", "du_buf", "vn_buf", "pq_buf", "pa_buf", "pe_buf", "t_buf"}
+    # bwd_solve's adjoints (scalar-decay delta family) live through bwd_grads, which reads them
+    solve = {"dy_buf", "dsg_buf", "dlg_buf", "dbc_buf", "dgs_buf", "dgl_buf"}
+    assert (solve <= grads) == (name != "pkda")
+    # after bwd_grads: H_n, dH, dU, U, the pair shares and bwd_solve's adjoints are gone; what the chain rule reads stays
+    assert not last & ({"h_buf", "dh_buf", "du_buf", "vn_buf", "pq_buf", "pa_buf", "pe_buf", "t_buf"} | solve)
     if name.startswith("p"):
         assert "stat_buf" not in grads  # the statistic is re-formed after the chunk gradients, not kept through them
         assert "stat_buf" in last and "an_buf" not in last

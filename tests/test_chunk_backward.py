@@ -318,8 +318,10 @@ def test_training_path_at_the_reference_head_size(name: str) -> None:
 def test_chunk_gradients_split_over_key_channel_blocks(name: str) -> None:
     """bwd_grads runs one program per block of key channels: with BK = 8 at dk = 32 (four blocks) the per-token
     sums over key channels (dβ, the scalar decay's db) arrive as partial sums, the full-width terms and the
-    target's adjoint come from block 0 only, and the gradients equal the unsplit ones' reference."""
-    _check_training_path(name, 32, seed=7, overrides={"bwd_grads": (8, 16, 4, 1)})
+    target's adjoint come from block 0 only (the delta family's: from bwd_solve, whose L' and Q̂ ⋆ A sum four key
+    blocks and whose c×c products two dv blocks of 16), and the gradients equal the unsplit ones' reference."""
+    blocks = (8, 16, 4, 1)
+    _check_training_path(name, 32, seed=7, overrides={"bwd_grads": blocks, "bwd_key_grads": blocks, "bwd_solve": blocks})
 
 
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])

@@ -449,9 +449,10 @@ def test_backward_plan(name):
         return
     assert bp is not None
     kinds = bp.kinds()
-    # per-channel decay: the score gradients go to memory once and the pair gradients are formed on sub-blocks
+    # per-channel decay: the score gradients go to memory once and the pair gradients are formed on sub-blocks; the
+    # delta family's scalar or no decay: the c×c adjoints once per chunk (bwd_solve), then per key block
     vector = ir.decay.kind == "vector"
-    intra = ["bwd_scores", "bwd_intra"] if vector else []
+    intra = ["bwd_scores", "bwd_intra"] if vector else ["bwd_solve"] if p.family == "tied" else []
     assert kinds[:3 + len(intra)] == ["bwd_local_values", "bwd_state_pass", *intra, "bwd_grads"]
     # the decayed keys: read only by the state passes, freed before the peak either way: kept, not relaunched
     assert ("decay_keys" in p.kinds()) == vector and "decay_keys" not in bp.recomputed
@@ -470,8 +471,12 @@ def test_backward_plan(name):
     assert "output" not in bp.recomputed and "state_pass" in bp.recomputed
     grads = [o.name for st in bp.stages for o in st.outputs if o.name.startswith("grad_")]
     assert sorted(grads) == sorted(f"grad_{d.name}" for d in kernel_ir(ir).inputs)  # each gradient from exactly one stage
-    fused = [o.name for o in bp.stages[2 + len(intra)].outputs if o.name.startswith("grad_")]
-    assert fused == [f"grad_{n}" for n in p.elementwise_grads]
+    # the elementwise chain rule where the adjoints are formed: bwd_grads, and bwd_solve for the value side
+    fused = [o.name for st in bp.stages[2:3 + len(intra)] for o in st.outputs if o.name.startswith("grad_")]
+    assert sorted(fused) == sorted(f"grad_{n}" for n in p.elementwise_grads)
+    if "bwd_solve" in kinds:
+        solve = bp.stages[kinds.index("bwd_solve")]
+        assert all(o.dims[-1] == "dv" for o in solve.outputs if o.name.startswith("grad_") or o.name == "dz")
     assert all(ir.input(n).vector and n not in ir.normalize for n in p.elementwise_grads)
     assert "backward (chunked)" in format_plan(p)
 

@@ -913,20 +913,106 @@ def chunk_bwd_state_kernel(
         m_k = o_k < DK
         tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
 
+# ---- backward stage solve (delta family, scalar or no decay; docs/chunk_forms.md §8): the chunk's c×c adjoints ------
+#   One program per chunk and head, over the value channels once (not in every key block of bwd_grads). With
+#   M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
+#   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower),
+#   dL' = Diag(β) dM, and the shares of the per-token sums that need every key channel:
+#   dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'; for db the row sums minus column sums of dS ⊙ S (S = Q̂ ⋆ A) and of dL' ⊙ L'
+#   (fp32: the bf16-operand pair products' q ⊙ dq − a ⊙ da would not cancel).
+#   L' and S are formed over the key channels in blocks of BK.
+#   bwd_grads reads dY and the pair gradients dS ⊙ Γ and dL' ⊙ Γ (Γ = e^{b_i − b_j}) ([T, HV, BT] rows) in the
+#   input dtype (its products round their operands to it anyway), and the per-token shares in fp32 (db's two
+#   apart: bwd_grads adds them in the fused kernel's order); the target's adjoint is final here.
+@triton.jit
+def chunk_bwd_solve_kernel(
+    p_v, p_beta, g_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dgs_buf, dgl_buf, dx_v,
+    pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    m_le = o_t[:, None] >= o_t[None, :]
+    m_lt = o_t[:, None] > o_t[None, :]
+    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    b_beta = _b_beta_beta
+    b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dm = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dyz = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_rv = m_r[:, None] & m_v[None, :]
+        b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = _b_z_v
+        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
+        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
+        tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
+        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
+        b_dyz += tl.sum(b_dy * b_z, 1)
+        b_dz = b_dy * b_beta[:, None]
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_gam = tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
+    # the sums over every key channel: L' = E ⋆⁻ A and S = Q̂ ⋆ A, one block of BK key channels at a time
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    b_l = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = _b_a_k
+        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = _b_q_q
+        b_s += _mm(b_q, tl.trans(b_a), DT_ID)
+        b_e = b_a
+        b_l += _mm(b_e, tl.trans(b_a), DT_ID)
+    b_l = tl.where(m_lt, b_l * b_gam, 0.)
+    b_ds = tl.where(m_le, b_ds * scale, 0.)
+    b_dm = tl.where(m_lt, -b_dm, 0.)
+    tl.store(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
+    b_dl = b_dm * b_beta[:, None]
+    b_s = tl.where(m_le, b_s * b_gam, 0.)
+    tl.store(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_ds * b_s, 1) - tl.sum(b_ds * b_s, 0), mask=m_r)
+    tl.store(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0), mask=m_r)
+    b_ds = b_ds * b_gam
+    b_dl = b_dl * b_gam
+    tl.store(dsg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _cast_for(b_ds, dsg_buf, DT_ID), mask=m_r[:, None])
+    tl.store(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _cast_for(b_dl, dlg_buf, DT_ID), mask=m_r[:, None])
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
-#   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
-#   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
-#   One program per chunk, head and block of BK key channels: the c×c products over the value channels are formed
-#   in every key block (they are cheap next to the [BT, BK] tiles a full-width program would hold); per-token
+#   q̂ (query), a (write key), e (erase key), β, and the log-gate (reverse cumsum of
+#   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the pair gradients from
+#   the c×c adjoints that bwd_solve formed once per chunk (its dS ⊙ Γ, dL' ⊙ Γ: one product with this block's keys each).
+#   One program per chunk, head and block of BK key channels; per-token
 #   sums over the key channels (dβ, db) are left as one partial per key block (NKG of them), the full-width
-#   terms counted by block 0; the token-level adjoint of z is written by block 0.
-#   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
-#   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
+#   terms counted by block 0.
+#   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n: the erase rows' adjoint
+#   dW = Σ_v dY Hᵀ from bwd_solve's dY = Aiᵀ dU (not re-associated as Aiᵀ (dU Hᵀ): rounding dU Hᵀ to bf16 for that
+#   product raised deltanet's bf16 dk and dβ errors by 3-6% under the interpreter);
+#   dβ = Σ dY ⊙ V' + Σ dM ⊙ L' = bwd_solve's share − Σ_k (E ⊙ e^B) ⊙ dW.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dx_v, pn_q,
-    pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, g_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf, dsg_buf,
+    dlg_buf, dgs_buf, dgl_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -943,16 +1029,10 @@ def chunk_bwd_grad_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     m_rk = m_r[:, None] & m_k[None, :]
-    m_le = o_t[:, None] >= o_t[None, :]
-    m_lt = o_t[:, None] > o_t[None, :]
     _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_beta = _b_beta_beta
-    b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dyz = tl.zeros([BT], dtype=tl.float32)
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
@@ -965,27 +1045,19 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = _b_z_v
+        b_dy = tl.load(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
-        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
-        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
-        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
+        # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
-        b_dz = b_dy * b_beta[:, None]
-        g_v = tl.zeros([BT, BV], dtype=tl.float32)
-        g_v += b_dz
-        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
-    # the key-channel operands are loaded after the loop over dv, which does not read them
-    _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
+    # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
+    # tiles)
+    _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_q = _b_q_q
-    _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_a = _b_a_k
-    b_e = b_a
     last = t0 + tl.minimum(eos - t0, BT) - 1
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -995,37 +1067,32 @@ def chunk_bwd_grad_kernel(
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
     # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
     # then dg = reverse cumsum of db within the chunk.
-    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S (and dL' ⊙ L') in fp32,
-    # rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel. Every term is a sum
-    # over key channels (this block's share) except dL' ⊙ L', which block 0 counts.
-    b_ds = tl.where(m_le, b_ds * scale, 0.)
-    b_sm = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-    b_db = tl.sum(b_ds * b_sm, 1) - tl.sum(b_ds * b_sm, 0)
-    b_dsd = b_ds * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
-    b_dq = _mm(b_dsd, b_a, DT_ID)
-    b_da = _mm(tl.trans(b_dsd), b_q, DT_ID)
-
+    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S and dL' ⊙ L' in fp32 (bwd_solve's,
+    # counted by block 0), rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel.
+    # the output scores' pair gradient: bwd_solve's dS ⊙ Γ (input dtype) against this block's keys
+    b_dsg = tl.load(dsg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_dq = _mm(b_dsg, b_a, DT_ID)
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
-    b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
+    # bwd_solve's two shares, added in the fused kernel's order (dS ⊙ S first, dL' ⊙ L' after the state terms)
+    b_dbl = tl.where(i_k == 0, tl.load(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.)
+    b_db = tl.where(i_k == 0, tl.load(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) + \
+        tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
     tl.store(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
     b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
-    b_da += b_das
-    # interaction L' = E ⋆⁻ A through the solve
-    # this key block's share of L' (the sums over dM ⊙ L' and dL' ⊙ L' below are linear in it)
-    b_l = tl.where(m_lt, _mm(b_e, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-    b_dm = tl.where(m_lt, -b_dm, 0.)
+    b_da = _mm(tl.trans(b_dsg), b_q, DT_ID) + b_das
+    b_e = b_a
     b_ef = b_e * b_eb
-    b_dbeta = tl.where(i_k == 0, b_dyz, 0.) + tl.sum(b_dm * b_l, 1) - tl.sum(b_ef * b_dew, 1)
-    b_dl = b_dm * b_beta[:, None]
-    b_db += tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0)
-    b_dsd = b_dl * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
-    b_de = _mm(b_dsd, b_a, DT_ID)
-    b_dal = _mm(tl.trans(b_dsd), b_e, DT_ID)
-
-    b_da += b_dal
+    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_solve
+    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) - \
+        tl.sum(b_ef * b_dew, 1)
+    # the interaction's pair gradient: bwd_solve's dL' ⊙ Γ (input dtype) against this block's keys
+    b_dlg = tl.load(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_de = _mm(b_dlg, b_a, DT_ID)
+    b_da += _mm(tl.trans(b_dlg), b_e, DT_ID)
+    b_db += b_dbl
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
     b_de -= b_dews
@@ -1106,14 +1173,15 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
-               "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf")
+               "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1124,7 +1192,8 @@ _KERNEL_ARGS = {
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_grad_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1374,7 +1443,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if dt_id and interpret:
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
-    nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
+    nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
@@ -1513,7 +1582,8 @@ def _bwd_kernels():
     return [
         ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
         ("bwd_state", chunk_bwd_state_kernel, "state"),
-        ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
+        ("bwd_solve", chunk_bwd_solve_kernel, "chunk"),
+        ("bwd_key_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
@@ -1527,7 +1597,8 @@ def _cp_bwd_kernels():
         ("bwd_state", chunk_bwd_state_kernel, "state", "first"),
         ("cp_state", None, "hook", None),
         ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
-        ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
+        ("bwd_solve", chunk_bwd_solve_kernel, "chunk", None),
+        ("bwd_key_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
 
@@ -1700,6 +1771,14 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     fp32 = torch.float32
     make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
             "ds0": (N * HV * DK * DV, fp32)}
+    # bwd_solve's adjoints for bwd_grads: dY, the pair gradients dS ⊙ Γ, dL' ⊙ Γ ([T, HV, BT] in the input dtype, which
+    # the pair products round them to), the per-token c×c shares of dβ and db (fp32)
+    make["dy_buf"] = (TT * HV * DV, dt)  # dY = Aiᵀ dU, which bwd_grads' products read in the input dtype
+    make["dsg_buf"] = (TT * HV * BT, dt)
+    make["dlg_buf"] = (TT * HV * BT, dt)
+    make["dbc_buf"] = (TT * HV, fp32)
+    make["dgs_buf"] = (TT * HV, fp32)  # db's share from dS ⊙ S
+    make["dgl_buf"] = (TT * HV, fp32)  # and from dL' ⊙ L'
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)

@@ -683,7 +683,6 @@ def chunk_bwd_grad_kernel(
     m_r = rows < eos
     m_rk = m_r[:, None] & m_k[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    m_lt = o_t[:, None] > o_t[None, :]
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
@@ -723,9 +722,9 @@ def chunk_bwd_grad_kernel(
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
     # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
     # then dg = reverse cumsum of db within the chunk.
-    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S (and dL' ⊙ L') in fp32,
-    # rather than q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel. Every term is a sum
-    # over key channels (this block's share) except dL' ⊙ L', which block 0 counts.
+    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S in fp32, rather than
+    # q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel (this block's share of the sum over
+    # key channels).
     b_ds = tl.where(m_le, b_ds * scale, 0.)
     b_sm = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_db = tl.sum(b_ds * b_sm, 1) - tl.sum(b_ds * b_sm, 0)
@@ -759,14 +758,15 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf",
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
-               "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf")
+               "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
