@@ -127,6 +127,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency.
         # The for loop's 2 stages (the next chunk's loads during this one's scan) changed nothing (run 39: 0.215 /
         # 0.313 ms, 1 stage 0.216 / 0.319): the loads were not what each chunk waits on.
+        # The backward after it began re-forming the statistic per chunk (two scans per chunk; 147 registers at BK 16 /
+        # 4 warps: 3 programs per SM, so its 512 programs ran as 1.3 waves, ncu run 45): BK 8 / 1 warp, 149 registers,
+        # 1024 programs in one wave, each scan within a warp: 0.703 → 0.439 ms (run 46, tune.py; GPU gradients
+        # unchanged). The forward stays at BK 16 / 4 warps (BK 8 / 1 warp 0.281 against 0.208).
+        if name == "bwd_precond_diag":
+            return min(8, BK), bv_full, 1, 2
         return min(16, BK), bv_full, 4, 2
     if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
         # the exact preconditioner's per-chunk dk × dk tiles (compile report, dk = dv = 64, sm_90): at 4 warps the
