@@ -434,7 +434,7 @@ def rule_curvature_query(b: _Builder) -> None:
             b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")]
     if b.ir.read.centered:
         # the backward's passes rerun the C carry but carry no m: a training step leaves them m_n per chunk and mᵀq
-        # per token
+        # per token (as plan outputs, so the memory model keeps them with q̂ and nothing of this stage is rerun)
         outs += [b.new("m_n", "[B,NT,H,dk]", "fp32"), b.new("mq", "[B,T,H]", "fp32")]
     b.add("curvature_query", "curvature_query", bind, outs,
           centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
@@ -1135,21 +1135,12 @@ def _stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     return not (in_launch and f"{st.kind}.{o.name}" not in read)
 
 
-# Per-chunk operands a reverse pass reads that the forward plan does not list (a rerun of the stage forms them). None
-# today: the curvature read's reverse passes rerun the sums' carry themselves (bwd_curvature_query, bwd_curvature_key)
-# and read only m_n and mᵀq, which the training forward stores, so curvature_query is kept (its q̂) like any stage.
-PER_CHUNK_INTERNALS: dict[str, str] = {}
-
-
 def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
     big = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and o.dims[-2:] in (("dk", "dv"), ("dk", "dk"))]
     if big:
         o = big[0]
         return (f"its per-chunk {o.name} ({bytes_per_token(o)} B, {'×'.join(o.dims[-2:])} per chunk and head) would "
                 "outweigh any per-token buffer: rerun for the reverse passes")
-    inner = PER_CHUNK_INTERNALS.get(sts[0].kind)
-    if inner is not None:
-        return f"the reverse pass reads its per-chunk {inner}: rerun to form them, not kept"
     feeds = [i for st in sts for i in st.inputs
              if (q := p.producer(i)) is not None and q.kind in rerun and q.out(i).dims[:2] == ("B", "NT")]
     if feeds:

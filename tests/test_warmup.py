@@ -79,7 +79,6 @@ def test_processes_mode_replays_each_warmup_in_a_worker(tmp_path, monkeypatch: p
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
-    mod.kernel_a.fn.__module__ = mod.kernel_b.fn.__module__ = spec.name
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("DGPS_TEST_WARMUP_LOG", str(log))
     monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "1")
