@@ -198,21 +198,47 @@ def accuracy(system: str, sides: dict[str, Callable], x: dict[str, torch.Tensor]
 
 
 COLD = r"""
-import time, torch, dgps
+import json, time
 t0 = time.time()
+import torch, triton, triton.compiler
+from triton.backends.nvidia import driver as nv
+spent = {"kernel_compile_s": 0.0, "launcher_build_s": 0.0, "kernels": 0, "launchers": 0}
+def timed(f, key):
+    def g(*a, **k):
+        t = time.time()
+        try:
+            return f(*a, **k)
+        finally:
+            spent[key + "_s"] += time.time() - t
+            spent[key.split("_")[0] + "s"] += 1
+    return g
+triton.compiler.compile = timed(triton.compiler.compile, "kernel_compile")  # JITFunction binds it at first use
+nv.CudaLauncher.__init__ = timed(nv.CudaLauncher.__init__, "launcher_build")
+import dgps
+t1 = time.time()
 pkg = dgps.compile(open(%r).read())
 rec = dgps.load(open(%r).read())
+torch.cuda.init()
+t2 = time.time()
 x = rec.random_inputs(4, 4096, 16, 128, 128, dtype=torch.bfloat16, seed=0, device="cuda")
 x = {k: v.requires_grad_(True) for k, v in x.items()}
+torch.cuda.synchronize()
+t3 = time.time()
 out = pkg.forward(**x)
+torch.cuda.synchronize()
+t4 = time.time()
 out.o.float().sum().backward()
 torch.cuda.synchronize()
-print(time.time() - t0)
+t5 = time.time()
+print(json.dumps(dict(total_s=t5 - t0, import_s=t1 - t0, spec_compile_s=t2 - t1, inputs_s=t3 - t2, forward_s=t4 - t3,
+                      backward_s=t5 - t4, **spent)))
 """
 
 
-def cold_start(spec: str, mode: str = "0") -> float:
-    """Seconds to a fresh process's first forward+backward of `spec` with empty caches; `mode`: DGPS_PARALLEL_COMPILE."""
+def cold_start(spec: str, mode: str = "0") -> dict[str, float]:
+    """A fresh process's first forward+backward of `spec` with empty caches, `mode` the DGPS_PARALLEL_COMPILE value:
+    seconds in all (total_s) and per phase, with the seconds spent in Triton's kernel compiles and launcher builds
+    (summed over threads: they overlap in the parallel modes)."""
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, DGPS_CACHE_DIR=f"{d}/dgps", TRITON_CACHE_DIR=f"{d}/triton")
         env["DGPS_PARALLEL_COMPILE"] = mode
@@ -220,7 +246,7 @@ def cold_start(spec: str, mode: str = "0") -> float:
         path = str(ROOT / "specs" / f"{spec}.dgps")
         out = subprocess.run([sys.executable, "-c", COLD % (path, path)], env=env, capture_output=True, text=True,
                              check=True)
-        return float(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -241,6 +267,8 @@ def main() -> int:
                    help="the variants FLA lacks against their base system: both families, or those named")
     p.add_argument("--cold-start", action="store_true")
     p.add_argument("--cold-start-rounds", type=int, default=2, help="interleaved rounds of the cold-start modes")
+    p.add_argument("--cold-start-modes", nargs="+", default=["0", "threads", "processes"],
+                   choices=("0", "threads", "processes"), help="DGPS_PARALLEL_COMPILE values to time")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--accuracy", action="store_true",
@@ -327,13 +355,19 @@ def main() -> int:
         print("variants", json.dumps(result["variants_fwdbwd_ms"]), flush=True)
     if args.cold_start:
         # interleaved rounds, so that a busy host slows every mode alike; the fastest of each mode is kept
-        modes = {"gdn": "0", "gdn_compile_threads": "threads", "gdn_compile_processes": "processes"}
-        times: dict[str, list[float]] = {k: [] for k in modes}
+        names = {"0": "gdn", "threads": "gdn_compile_threads", "processes": "gdn_compile_processes"}
+        modes = {names[m]: m for m in args.cold_start_modes}
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in modes}
         for _ in range(args.cold_start_rounds):
             for key, mode in modes.items():
-                times[key].append(cold_start("gdn", mode))
-        result["cold_start_s"].update({k: min(v) for k, v in times.items()})
+                runs[key].append(cold_start("gdn", mode))
+        best = {k: min(v, key=lambda r: r["total_s"]) for k, v in runs.items()}
+        result["cold_start_s"].update({k: r["total_s"] for k, r in best.items()})
+        result["cold_start_phases"] = best
         print("cold start", result["cold_start_s"], flush=True)
+        for k, r in best.items():
+            print(f"  {k}: " + ", ".join(f"{n} {v:.2f}" if isinstance(v, float) else f"{n} {v}" for n, v in r.items()),
+                  flush=True)
     print(f"\n{'system':<12} {'FLA fwd':>8} {'dgps fwd':>8} {'ratio':>6} {'FLA f+b':>8} {'dgps f+b':>8} {'ratio':>6} "
           f"{'peak MiB FLA/dgps':>18}")
     for s, r in result["systems"].items():

@@ -5,10 +5,11 @@ fresh process on the H200, 2026-12-01, run 45). Two ways to do it at once, both 
 Triton's on-disk cache or the kernels' own caches, so the launches that follow find them:
 
 - ``DGPS_PARALLEL_COMPILE=threads``: Triton's AsyncCompileMode (a private module of Triton 3.6–3.9) hands each
-  `warmup` to a thread pool. Triton's passes hold the GIL, so only ptxas overlaps: 16.6 s in run 45.
+  `warmup` to a thread pool, then the pool builds each kernel's launcher. Triton's passes hold the GIL, so only
+  ptxas and the launchers' C compiles overlap: 16.6 s in run 45, before the launchers were built here.
 - ``DGPS_PARALLEL_COMPILE=1`` (or ``processes``): compile workers, separate Python processes started when the first
   chunk module is imported (their interpreter, torch and Triton load while the host builds its first inputs),
-  each compiling its share of a launch list with the same `warmup` call the host would make, into the shared
+  each compiling its share of a launch list with the same `warmup` call the host would make, and its launchers, into the shared
   on-disk cache (TRITON_CACHE_DIR). A worker sees a tensor argument only as its dtype and its 16-byte alignment,
   which is all Triton specialises a kernel on besides the constants; a kernel it could not compile, or compiled
   under another key, is simply compiled by the host at its launch, as without the option.
@@ -78,10 +79,28 @@ def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str,
         return False
     _WARMED.add(key)
     workers = workers or min(len(launches), os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, AsyncCompileMode(pool):
-        for kernel, grid, kwargs in launches:
-            kernel.warmup(grid=grid, **kwargs)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        with AsyncCompileMode(pool):
+            compiled = [kernel.warmup(grid=grid, **kwargs) for kernel, grid, kwargs in launches]
+        # Triton builds each kernel's launcher (a C extension, one per argument signature, compiled by the system's C
+        # compiler) at the kernel's first launch, one after another; build them here at once, into the on-disk cache
+        # those launches then read (the compiler runs outside the GIL)
+        list(pool.map(_build_launcher, compiled))
     return True
+
+
+def _launcher_cls() -> Any:
+    from triton.runtime.driver import driver
+
+    return driver.active.launcher_cls
+
+
+def _build_launcher(compiled: Any) -> None:
+    try:
+        kernel = compiled.result() if hasattr(compiled, "result") else compiled
+        _launcher_cls()(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 -- the kernel's first launch builds its launcher itself, as without this
+        pass
 
 
 def _job(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> dict | None:
@@ -181,7 +200,8 @@ def _worker() -> int:
             device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
             if device is not None and device.type == "cuda":
                 torch.cuda.set_device(device)
-            getattr(_import_file(job["module"], job["file"]), job["kernel"]).warmup(grid=tuple(job["grid"]), **kwargs)
+            kernel = getattr(_import_file(job["module"], job["file"]), job["kernel"])
+            _build_launcher(kernel.warmup(grid=tuple(job["grid"]), **kwargs))  # both into the shared on-disk cache
             print("ok", flush=True)
         except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
             print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)

@@ -32,6 +32,37 @@ def test_every_kernel_is_warmed_once_per_key() -> None:
     assert len(a.calls) == 2
 
 
+def test_threads_mode_builds_every_kernels_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton would build each launcher (a C extension) at the kernel's first launch, one after another: the threads
+    mode builds them in its pool, from each compiled kernel's source and metadata; one that fails is left to that
+    launch."""
+
+    class Compiled:
+        def __init__(self, name: str) -> None:
+            self.src, self.metadata = f"src {name}", f"meta {name}"
+
+    class Kernel(_Kernel):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def warmup(self, *, grid: tuple[int, ...], **kwargs: object) -> Compiled:
+            super().warmup(grid=grid, **kwargs)
+            return Compiled(self.name)
+
+    built: list[tuple[str, str]] = []
+
+    def launcher(src: str, metadata: str) -> None:
+        if src == "src bad":
+            raise RuntimeError("no C compiler")
+        built.append((src, metadata))
+
+    monkeypatch.setattr(warmup, "_launcher_cls", lambda: launcher)
+    launches = [(Kernel(n), (1,), {"x": 1}) for n in ("a", "bad", "b")]
+    assert warmup.compile_in_parallel(launches, ("test_threads_mode_builds_every_kernels_launcher",), workers=2)
+    assert sorted(built) == [("src a", "meta a"), ("src b", "meta b")]
+
+
 @pytest.mark.parametrize(("value", "enabled"), [(None, False), ("0", False), ("", False), ("1", True), ("threads", True)])
 def test_opt_in(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool) -> None:
     if value is None:
