@@ -52,7 +52,8 @@ def start_compile_workers(count: int | None = None) -> None:
     _WORKERS[:] = [w for w in _WORKERS if w.poll() is None]  # those gone idle have exited
     if _WORKERS or parallel_compile_mode() != "processes":
         return
-    env = dict(os.environ, DGPS_PARALLEL_COMPILE="0",  # a worker imports chunk modules too: no workers of its own
+    # a worker imports chunk modules too: no workers of its own; real JIT functions even where no GPU is visible to it
+    env = dict(os.environ, DGPS_PARALLEL_COMPILE="0", DGPS_NO_AUTO_INTERPRET="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     for _ in range(count or min(MAX_WORKERS, os.cpu_count() or 1)):
         _WORKERS.append(subprocess.Popen([sys.executable, "-m", "dgps.runtime.warmup"], stdin=subprocess.PIPE,
@@ -120,7 +121,19 @@ def _job(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> dict | N
             args[name] = value
         else:
             return None
-    return {"module": module.__name__, "file": path, "kernel": fn.__name__, "grid": list(grid), "kwargs": args}
+    return {"module": module.__name__, "file": path, "kernel": fn.__name__, "grid": list(grid), "kwargs": args,
+            "target": _target()}
+
+
+def _target() -> list | None:
+    """The host's compile target (backend, arch, warp size), which a worker compiles for without touching the GPU."""
+    try:
+        from triton.runtime.driver import driver
+
+        t = driver.active.get_current_target()
+        return [t.backend, t.arch, t.warp_size]
+    except Exception:  # noqa: BLE001 -- no GPU driver: the worker takes warmup's path
+        return None
 
 
 def _compile_in_workers(jobs: list[dict]) -> bool:
@@ -161,14 +174,35 @@ def _import_file(name: str, path: str) -> ModuleType:
     return module
 
 
-def _argument(value: Any) -> Any:
+def _argument(value: Any, device: str | None = None) -> Any:
+    """A job's argument: a tensor of its dtype and alignment (on `device`, else where the host's was), else as is."""
     if not isinstance(value, dict):
         return value
     import torch
 
     dtype = getattr(torch, value["tensor"])
-    base = torch.empty(64, dtype=dtype, device=value["device"])  # allocations are 256-byte aligned
+    base = torch.empty(64, dtype=dtype, device=device or value["device"])  # allocations are 64-byte aligned or more
     return base if value["aligned"] else base[1:]
+
+
+def _compile_for(kernel: Any, kwargs: dict[str, Any], target: list) -> Any:
+    """What `kernel.warmup(**kwargs)` compiles, for `target` and without a GPU: the arguments bound, specialised and
+    packed as JITFunction.run does (Triton 3.6-3.9), so the on-disk cache key is the one the host's launch computes
+    and that launch loads the result instead of compiling."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target_ = GPUTarget(*target)
+    backend = make_backend(target_)
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(**kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return compile(ASTSource(kernel, signature, constexprs, attrs), target=target_, options=options.__dict__)
 
 
 def _lines(fd: int, idle_s: float) -> Iterator[str]:
@@ -189,19 +223,25 @@ def _lines(fd: int, idle_s: float) -> Iterator[str]:
 
 def _worker() -> int:
     """A compile worker: one JSON job per line on stdin, "ok" or "error ..." per job on stdout. It exits when the host
-    does, or after WORKER_IDLE_S without a job (each worker holds a CUDA context, some 0.3-0.5 GB of device memory;
-    a later launch list of the host starts workers again)."""
+    does, or after WORKER_IDLE_S without a job (a later launch list of the host starts workers again)."""
     import torch
 
     for line in _lines(sys.stdin.fileno(), WORKER_IDLE_S):
         try:
             job = json.loads(line)
-            kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
-            device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
-            if device is not None and device.type == "cuda":
-                torch.cuda.set_device(device)
             kernel = getattr(_import_file(job["module"], job["file"]), job["kernel"])
-            _build_launcher(kernel.warmup(grid=tuple(job["grid"]), **kwargs))  # both into the shared on-disk cache
+            if job.get("target") and hasattr(kernel, "_pack_args"):
+                # host tensors stand in as CPU tensors of the same dtype and alignment: the worker never creates a
+                # CUDA context (eight of them starting at once on one GPU made the first call slower than serial)
+                kwargs = {n: _argument(v, "cpu") for n, v in job["kwargs"].items()}
+                compiled = _compile_for(kernel, kwargs, job["target"])
+            else:
+                kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
+                device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
+                if device is not None and device.type == "cuda":
+                    torch.cuda.set_device(device)
+                compiled = kernel.warmup(grid=tuple(job["grid"]), **kwargs)
+            _build_launcher(compiled)  # the kernel and its launcher, both into the shared on-disk cache
             print("ok", flush=True)
         except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
             print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)

@@ -130,3 +130,84 @@ def test_processes_mode_replays_each_warmup_in_a_worker(tmp_path, monkeypatch: p
 
 def test_a_launch_workers_cannot_replay_takes_the_threads_path() -> None:
     assert warmup._job(_Kernel(), (1,), {"x": 1}) is None  # no module file behind the kernel
+
+
+_SCALE_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(p_x, p_y, n, scale, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    tl.store(p_y + o, tl.load(p_x + o, mask=m) * scale, mask=m)
+'''
+
+_WORKER_THEN_HOST = '''
+import importlib.util, json, os, sys
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from dgps.runtime import warmup
+
+
+class HopperWithoutGPU:
+    """Enough of a driver for JITFunction.run(warmup=True), the host's own path, to compile for sm_90 here."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+spec = importlib.util.spec_from_file_location("scale_kernels", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["scale_kernels"] = mod
+spec.loader.exec_module(mod)
+x = torch.zeros(256, dtype=torch.bfloat16)
+kw = {"p_x": x, "p_y": x[1:], "n": 255, "scale": 0.5, "BLOCK": 128, "num_warps": 4}
+driver.set_active(HopperWithoutGPU())
+cache = os.environ["TRITON_CACHE_DIR"]
+if sys.argv[2] == "workers":
+    os.environ["DGPS_PARALLEL_COMPILE"] = "1"
+    assert warmup.compile_in_parallel([(mod.scale_kernel, (2,), kw)], ("worker_then_host",), workers=1)
+    for w in warmup._WORKERS:
+        w.stdin.close()
+        w.wait(timeout=120)
+before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
+mod.scale_kernel.warmup(grid=(2,), **kw)
+print(json.dumps({"by_workers": len(before), "by_host": len(set(os.listdir(cache)) - before)}))
+'''
+
+
+@pytest.mark.parametrize("first", ["workers", "host"])
+def test_a_workers_kernel_is_the_one_the_hosts_launch_loads(tmp_path, first: str) -> None:
+    """A compile worker holds no CUDA context: it binds and packs the arguments as JITFunction.run does and compiles
+    for the host's target, so the host's own launch path computes the same on-disk cache key and loads the worker's
+    kernel instead of compiling (no new cache entry). Run without a GPU: a stand-in driver lets the host's path compile
+    for sm_90; with no worker first, that path compiles the kernel itself (the check can fail)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    kernels = tmp_path / "scale_kernels.py"
+    kernels.write_text(_SCALE_KERNEL)
+    script = tmp_path / "worker_then_host.py"
+    script.write_text(_WORKER_THEN_HOST)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(DGPS_NO_AUTO_INTERPRET="1", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, str(script), str(kernels), first], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    if first == "workers":  # the kernel, and its launcher where this machine can link one
+        assert counts["by_workers"] >= 1 and counts["by_host"] == 0
+    else:
+        assert counts == {"by_workers": 0, "by_host": 1}
