@@ -1,18 +1,23 @@
-"""Compile a launch list's kernels in parallel before its first launch (opt-in, DGPS_PARALLEL_COMPILE).
+"""Compile a launch list's kernels in parallel before its first launch (DGPS_PARALLEL_COMPILE; threads by default).
 
-A cold first call JIT-compiles every kernel of the plan one after another (19.9 s for gdn's first training step in a
-fresh process on the H200, 2026-12-01, run 45). Two ways to do it at once, both leaving the compiled kernels in
-Triton's on-disk cache or the kernels' own caches, so the launches that follow find them:
+A cold first call JIT-compiles every kernel of the plan one after another (21.0 s for gdn's first training step in a
+fresh process on the H200, run 48; 11 kernel compiles, 8 s, and 11 launcher builds, 3.3 s). Two ways to do it at once,
+both leaving the compiled kernels in Triton's on-disk cache or the kernels' own caches, so the launches that follow
+find them:
 
-- ``DGPS_PARALLEL_COMPILE=threads``: Triton's AsyncCompileMode (a private module of Triton 3.6–3.9) hands each
-  `warmup` to a thread pool, then the pool builds each kernel's launcher. Triton's passes hold the GIL, so only
-  ptxas and the launchers' C compiles overlap: 16.6 s in run 45, before the launchers were built here.
+- threads (the default; ``DGPS_PARALLEL_COMPILE=threads``): Triton's AsyncCompileMode (a private module of Triton
+  3.6–3.9; without it, the launches compile one by one) hands each `warmup` to a thread pool, then the pool builds
+  each kernel's launcher. Triton's passes hold the GIL, so only ptxas and the launchers' C compiles overlap: 16.1 s
+  against 21.0 serial in run 48, 19.1 against 24.6 in run 49 (another host).
 - ``DGPS_PARALLEL_COMPILE=1`` (or ``processes``): compile workers, separate Python processes started when the first
   chunk module is imported (their interpreter, torch and Triton load while the host builds its first inputs),
-  each compiling its share of a launch list with the same `warmup` call the host would make, and its launchers, into the shared
-  on-disk cache (TRITON_CACHE_DIR). A worker sees a tensor argument only as its dtype and its 16-byte alignment,
-  which is all Triton specialises a kernel on besides the constants; a kernel it could not compile, or compiled
-  under another key, is simply compiled by the host at its launch, as without the option.
+  each compiling its share of a launch list, and its launchers, for the host's target without a CUDA context, into
+  the shared on-disk cache (TRITON_CACHE_DIR). A worker sees a tensor argument only as its dtype and its 16-byte
+  alignment, which is all Triton specialises a kernel on besides the constants; a kernel it could not compile, or
+  compiled under another key, is simply compiled by the host at its launch, as without the option. Run 49: the
+  host then only loads (0.45 s of its compiles, 0.01 s of launcher builds), but each list waits ~6 s for its workers
+  (22.9 s in all): opt-in until that wait is understood.
+- ``DGPS_PARALLEL_COMPILE=0``: one by one, at each launch.
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ WORKER_IDLE_S = 60.0  # a first training step's launch lists come within seconds
 
 
 def parallel_compile_mode() -> str:
-    """"off", "threads" or "processes" (DGPS_PARALLEL_COMPILE: unset / 0, threads, 1 / processes)."""
-    value = os.environ.get("DGPS_PARALLEL_COMPILE", "0").strip().lower()
-    if value in ("", "0", "off"):
+    """"off", "threads" or "processes" (DGPS_PARALLEL_COMPILE: 0, unset / threads, 1 / processes)."""
+    value = os.environ.get("DGPS_PARALLEL_COMPILE", "threads").strip().lower()
+    if value in ("0", "off"):
         return "off"
-    return "threads" if value == "threads" else "processes"
+    return "threads" if value in ("", "threads") else "processes"
 
 
 def parallel_compile_enabled() -> bool:

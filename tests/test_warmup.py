@@ -63,8 +63,9 @@ def test_threads_mode_builds_every_kernels_launcher(monkeypatch: pytest.MonkeyPa
     assert sorted(built) == [("src a", "meta a"), ("src b", "meta b")]
 
 
-@pytest.mark.parametrize(("value", "enabled"), [(None, False), ("0", False), ("", False), ("1", True), ("threads", True)])
-def test_opt_in(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool) -> None:
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("0", False), ("off", False), ("", True), ("1", True),
+                                                ("threads", True)])
+def test_threads_by_default(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool) -> None:
     if value is None:
         monkeypatch.delenv("DGPS_PARALLEL_COMPILE", raising=False)
     else:
