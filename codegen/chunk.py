@@ -387,7 +387,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "an_buf"],
-        "curvature_query": ["qh_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
+        "curvature_query": ["qh_buf", "ql_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
         "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
@@ -432,7 +432,9 @@ class _Emitter:
         # k̃ per key head: a diag statistic whose inputs are all per key head, and the exact preconditioner's P
         self.kt_heads = "key" if ir.precond.kind == "exact" or (ir.precond.diag is not None
                                                                 and ir.precond.diag.heads == "key") else "value"
-        self.q_override: str | None = None  # CCQ: the output stage reads q̂ from this buffer
+        self.q_override: str | None = None  # CCQ, exact ATQ: the stages read q̂ from this buffer
+        self.q_lo: str | None = None  # CCQ: and q̂'s remainder from this one (q̂ = qh + ql, in the input dtype)
+        self._hi_only = False  # tile(hi_only=True): the q̂ tile is rounded to the input dtype anyway
         # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
         # pass's loop from 769 to 652 SASS instructions (FLA's: 612; H200 0.374 → 0.317 ms for gdn's two calls).
         # In the vector-decay kernels, already at 255 registers, they made sm_90 spill more (kda interaction
@@ -460,8 +462,14 @@ class _Emitter:
             name = "q"
         elif name == "q" and self.q_override is not None:
             o_k, m_k, _ = self._kcols
-            out.append(f"{var} = tl.load({self.q_override} + {row_offset(rows, 'HV', 'i_hv', 'DK', o_k)}, "
-                       f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
+            off, m = row_offset(rows, 'HV', 'i_hv', 'DK', o_k), f"{mask}[:, None] & {m_k}[None, :]"
+            if self.q_lo is None:  # exact ATQ's q̂: one fp32 buffer
+                out.append(f"{var} = tl.load({self.q_override} + {off}, mask={m}, other=0.)")
+            elif self._hi_only:
+                out.append(f"{var} = tl.load({self.q_override} + {off}, mask={m}, other=0.).to(tl.float32)")
+            else:
+                out.append(f"{var} = (tl.load({self.q_override} + {off}, mask={m}, other=0.).to(tl.float32) + "
+                           f"tl.load({self.q_lo} + {off}, mask={m}, other=0.).to(tl.float32))")
             return var
         d = ir.input(name)
         hv, nh = ("i_h", "H") if d.heads == "key" else ("i_hv", "HV")
@@ -485,21 +493,26 @@ class _Emitter:
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
              indent: int = 4, log2: bool = False, printer: str = "fwd", raw: bool = False, kcols: str = "k",
-             plain: bool = False) -> str:
+             plain: bool = False, hi_only: bool = False) -> str:
         """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
 
         printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain
         input stays in its buffer's dtype (a tile that only feeds a matmul needs no round trip through fp32).
         `kcols`: "k" for the key channels o_k / m_k ([R, BK]), "c" for o_c / m_c ([R, BV]). `plain`: a plain input's
         tile is its load (whose mask zeroes the rest) also where loads are not lean: the curvature passes, whose
-        tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128).
+        tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128). `hi_only`: the tile is
+        rounded to the input dtype as it enters a matmul, unscaled, so CCQ's q̂ is read as its rounded part alone (one
+        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair. Not where the
+        tile is scaled first (the reverse state pass's Q̂ ⊙ e^B): rounding the rounded part again raised ccq_gdn's dS0
+        error by a sixth to a half (bf16, T = 200, interpreter).
         """
-        saved = self._kcols
+        saved = self._kcols, self._hi_only
         self._kcols = ("o_k", "m_k", "BK") if kcols == "k" else (f"o_{kcols}", f"m_{kcols}", "BV")
+        self._hi_only = hi_only
         try:
             return self._tile(var, expr, side, rows, mask, R, indent, log2, printer, raw, plain)
         finally:
-            self._kcols = saved
+            self._kcols, self._hi_only = saved
 
     def _tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str, indent: int, log2: bool,
               printer: str, raw: bool, plain: bool = False) -> str:
@@ -557,6 +570,7 @@ def _context(ir: IR) -> dict:
     em = _Emitter(ir)
     if ir.read.kind == "curvature" or (ir.precond.kind == "exact" and ir.precond.placement == "query"):
         em.q_override = "qh_buf"  # the read query q̂ (CCQ, exact ATQ), per value head
+        em.q_lo = "ql_buf" if ir.read.kind == "curvature" else None
     decay = "scalar" if ir.decay.kind == "const" else ir.decay.kind
     delta = not st.additive
     ek = s.erase_key if delta else None

@@ -429,9 +429,12 @@ def rule_curvature_query(b: _Builder) -> None:
             "n0": "n0"}
     # the sums are an undecayed additive linear attention whose value is the key (§4): tiled as a state pass, C's
     # columns in blocks, one program per block, sequence and key head (λ, per value head, enters only q̂)
-    # q̂ in fp32: λ·corr is a small share of q̂ that a 16-bit store would round away in the backward's products
-    outs = [b.new("qp", "[B,T,HV,dk]", "fp32"), b.new("C_final", "[N,H,dk,dk]", "fp32"),
-            b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")]
+    # q̂ as a pair in the input dtype, q̂ = qp + qp_lo (qp rounded to nearest, qp_lo the remainder, ~16 bits in all):
+    # λ·corr is a small share of q̂ that one 16-bit store would round away where the backward sums q̂ ⊙ dq̂ in fp32,
+    # while every matmul consumer rounds its q̂ tile to the input dtype anyway and reads qp alone (as a 16-bit load:
+    # an fp32 q̂ tile took ccq_gdn's reverse state pass from 209 to 255 registers and 0.28 to 0.61 ms, run 47)
+    outs = [b.new("qp", "[B,T,HV,dk]", "in"), b.new("qp_lo", "[B,T,HV,dk]", "in"),
+            b.new("C_final", "[N,H,dk,dk]", "fp32"), b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")]
     if b.ir.read.centered:
         # the backward's passes rerun the C carry but carry no m: a training step leaves them m_n per chunk and mᵀq
         # per token (as plan outputs, so the memory model keeps them with q̂ and nothing of this stage is rerun)
@@ -1296,8 +1299,10 @@ def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
             raise PlanTypeError(f"{st.name}: {t[st.bind[r]]} must be per key head: the curvature sums are")
     if st.outputs[0].shape != "[B,T,HV,dk]":
         raise PlanTypeError(f"{st.name}: the read query {st.outputs[0]} must be [B,T,HV,dk]")
+    if st.outputs[1].shape != st.outputs[0].shape or st.outputs[1].dtype != st.outputs[0].dtype:
+        raise PlanTypeError(f"{st.name}: q̂'s remainder {st.outputs[1]} must be typed as q̂ {st.outputs[0]}")
     for n in ("C", "m", "n"):
-        if t[f"{n}0"].shape != st.outputs[1 + "Cmn".index(n)].shape:
+        if t[f"{n}0"].shape != st.outputs[2 + "Cmn".index(n)].shape:
             raise PlanTypeError(f"{st.name}: {n}0 and {n}_final differ")
 
 

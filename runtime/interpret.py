@@ -346,11 +346,13 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
         C = C + K.mT @ K
         m = m + K.sum(-2)
         n = n + c
-    out = {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: C[:, ::ctx.G],
-           st.outputs[2].name: m[:, ::ctx.G], st.outputs[3].name: n}
+    qp = torch.cat(pieces, dim=1)
+    # in float64 the pair's first part holds q̂ exactly, its remainder is zero
+    out = {st.outputs[0].name: qp, st.outputs[1].name: torch.zeros_like(qp), st.outputs[2].name: C[:, ::ctx.G],
+           st.outputs[3].name: m[:, ::ctx.G], st.outputs[4].name: n}
     if centered:  # what a training step leaves the backward's passes: m_n per chunk, mᵀq per token
-        out[st.outputs[4].name] = torch.stack(m_starts, dim=1)
-        out[st.outputs[5].name] = torch.cat(mqs, dim=1)
+        out[st.outputs[5].name] = torch.stack(m_starts, dim=1)
+        out[st.outputs[6].name] = torch.cat(mqs, dim=1)
     return out
 
 

@@ -239,9 +239,9 @@ def _mm_hilo(a, b, a_lo, b_lo, DT_ID: tl.constexpr):
 #   (dk + 1 values per chunk and token): the backward reruns the C carry.
 @triton.jit
 def chunk_curvature_query_kernel(
-    p_lam, qh_buf, c0, c_out, m0, m_out, n0, mn_buf, mq_buf, pn_q, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    p_lam, qh_buf, ql_buf, c0, c_out, m0, m_out, n0, mn_buf, mq_buf, pn_q, pn_k, cu_seqlens, chunk_offsets,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
     i_c = tl.program_id(0)
@@ -329,8 +329,12 @@ def chunk_curvature_query_kernel(
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
                 b_lam = _b_lam_lam
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_qc - b_lam[:, None] * b_corr,
-                         mask=m_r[:, None] & m_c[None, :])
+                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
+                b_qh = b_qc - b_lam[:, None] * b_corr
+                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
+                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
+                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
+                         _cast_for(b_qh - b_hi.to(tl.float32), ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
             b_mc += tl.sum(b_kc.to(tl.float32), 0)
 
             i_tc += 1
@@ -392,8 +396,12 @@ def chunk_curvature_query_kernel(
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
                 b_lam = _b_lam_lam
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_qc - b_lam[:, None] * b_corr,
-                         mask=m_r[:, None] & m_c[None, :])
+                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
+                b_qh = b_qc - b_lam[:, None] * b_corr
+                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
+                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
+                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
+                         _cast_for(b_qh - b_hi.to(tl.float32), ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
             b_mc += tl.sum(b_kc.to(tl.float32), 0)
 
     if STORE_FINAL:
@@ -798,7 +806,7 @@ def chunk_output_kernel(
         m_k = o_k < DK
         b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
-        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = _b_q_q
         _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a = _b_a_k
@@ -841,7 +849,7 @@ def chunk_bwd_local_values_kernel(
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = _b_q_q
         _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a = _b_a_k
@@ -857,8 +865,8 @@ def chunk_bwd_local_values_kernel(
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, qh_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets, scale,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    g_buf, qh_buf, ql_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets,
+    scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
@@ -924,7 +932,7 @@ def chunk_bwd_state_kernel(
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = (tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
             b_q = _b_q_q
             b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
@@ -935,7 +943,7 @@ def chunk_bwd_state_kernel(
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = (tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
                 b_q = _b_q_q
                 b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
@@ -984,7 +992,7 @@ def chunk_bwd_state_kernel(
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = (tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
             b_q = _b_q_q
             b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
@@ -995,7 +1003,7 @@ def chunk_bwd_state_kernel(
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                _b_q_q = (tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
                 b_q = _b_q_q
                 b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
@@ -1079,7 +1087,7 @@ def chunk_bwd_solve_kernel(
         m_k = o_k < DK
         _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a = _b_a_k
-        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = _b_q_q
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
         b_e = b_a
@@ -1109,8 +1117,8 @@ def chunk_bwd_solve_kernel(
 #   dβ = Σ dY ⊙ V' + Σ dM ⊙ L' = bwd_solve's share − Σ_k (E ⊙ e^B) ⊙ dW.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_beta, g_buf, qh_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf,
-    dsg_buf, dlg_buf, dgs_buf, dgl_buf, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
+    p_beta, g_buf, qh_buf, ql_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf,
+    dy_buf, dsg_buf, dlg_buf, dgs_buf, dgl_buf, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -1154,7 +1162,7 @@ def chunk_bwd_grad_kernel(
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
     # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
     # tiles)
-    _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+    _b_q_q = (tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
     b_q = _b_q_q
     _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_a = _b_a_k
@@ -1782,7 +1790,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1794,21 +1802,21 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'mn_buf', 'mq_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
+    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'mn_buf', 'mq_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'qh_buf', 'do_buf', 'dul_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'mn_buf', 'mq_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'aq_buf', 'alam_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('n0', 'mq_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
@@ -1849,7 +1857,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "mn_buf", "mq_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "mn_buf", "mq_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1969,7 +1977,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["pn_q"] = (TT * H * DK, dt)
     b["pn_k"] = (TT * H * DK, dt)
     b["g_buf"] = (TT * HV, f32)
-    b["qh_buf"] = (TT * HV * DK, f32)
+    b["qh_buf"] = (TT * HV * DK, dt)  # q̂ = qh + ql, both in the input dtype (compiler/plan.py: rule_curvature_query)
+    b["ql_buf"] = (TT * HV * DK, dt)
     if keep:  # the backward's curvature passes read m_n per chunk and mᵀq per token (they carry no m)
         b["mn_buf"] = ((triton.cdiv(TT, BT) + N) * H * DK, f32)
         b["mq_buf"] = (TT * H, f32)

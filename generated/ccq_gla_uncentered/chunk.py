@@ -236,7 +236,7 @@ def _mm_hilo(a, b, a_lo, b_lo, DT_ID: tl.constexpr):
 #   (dk + 1 values per chunk and token): the backward reruns the C carry.
 @triton.jit
 def chunk_curvature_query_kernel(
-    p_lam, qh_buf, c0, c_out, m0, m_out, n0, pn_q, pn_k, cu_seqlens, H: tl.constexpr, HV: tl.constexpr,
+    p_lam, qh_buf, ql_buf, c0, c_out, m0, m_out, n0, pn_q, pn_k, cu_seqlens, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -307,8 +307,12 @@ def chunk_curvature_query_kernel(
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
                 b_lam = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_lam_lam, 0.)
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_qc - b_lam[:, None] * b_corr,
-                         mask=m_r[:, None] & m_c[None, :])
+                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
+                b_qh = b_qc - b_lam[:, None] * b_corr
+                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
+                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
+                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
+                         _cast_for(b_qh - b_hi.to(tl.float32), ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
             b_mc += tl.sum(b_kc.to(tl.float32), 0)
 
             i_tc += 1
@@ -354,8 +358,12 @@ def chunk_curvature_query_kernel(
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
                 b_lam = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_lam_lam, 0.)
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_qc - b_lam[:, None] * b_corr,
-                         mask=m_r[:, None] & m_c[None, :])
+                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
+                b_qh = b_qc - b_lam[:, None] * b_corr
+                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
+                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
+                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
+                         _cast_for(b_qh - b_hi.to(tl.float32), ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
             b_mc += tl.sum(b_kc.to(tl.float32), 0)
 
     if STORE_FINAL:
@@ -380,8 +388,8 @@ def chunk_curvature_query_kernel(
 # 20 accumulators were live at once (kda, dk = 128, sm_90: 255 registers + 400 B spill at BK 32).
 @triton.jit
 def chunk_interaction_kernel(
-    g_buf, qh_buf, s_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    g_buf, qh_buf, ql_buf, s_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -412,7 +420,7 @@ def chunk_interaction_kernel(
         _b_a0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_k, 0.)
         bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        _b_q0_q = tl.load(qh_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+        _b_q0_q = (tl.load(qh_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
         # diagonal block: the t = j terms, then one level of token pairs per halving of the block
         S0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_a0, 1)[:, None], 0.)
@@ -470,7 +478,7 @@ def chunk_interaction_kernel(
         _b_a1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_k, 0.)
         bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        _b_q1_q = tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+        _b_q1_q = (tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
         rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
         dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
@@ -539,7 +547,7 @@ def chunk_interaction_kernel(
         _b_a2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_k, 0.)
         bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        _b_q2_q = tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+        _b_q2_q = (tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
         rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
         dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
@@ -616,7 +624,7 @@ def chunk_interaction_kernel(
         _b_a3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_k, 0.)
         bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-        _b_q3_q = tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+        _b_q3_q = (tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
         rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
         dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
@@ -695,7 +703,7 @@ def chunk_interaction_kernel(
 #   round their operands to the input dtype anyway, so the stored operands change no result.
 @triton.jit
 def chunk_decay_keys_kernel(
-    g_buf, qh_buf, kg_buf, qg_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    g_buf, qh_buf, ql_buf, kg_buf, qg_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -720,7 +728,7 @@ def chunk_decay_keys_kernel(
         b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
         _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-        _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
         tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
                  _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_rk)
@@ -1127,7 +1135,7 @@ def chunk_bwd_scores_kernel(
 #   db into dg's buffer); bwd_grads adds them to the per-token terms and takes the reverse cumsum.
 @triton.jit
 def chunk_bwd_intra_kernel(
-    g_buf, qh_buf, ag_buf, dsq_buf, pq_buf, pa_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
+    g_buf, qh_buf, ql_buf, ag_buf, dsq_buf, pq_buf, pa_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -1149,7 +1157,7 @@ def chunk_bwd_intra_kernel(
     rb = t0 + i_i * BC + o_c
     mb = rb < eos
     b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
-    _b_q_q = tl.load(qh_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
+    _b_q_q = (tl.load(qh_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32))
     b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
     _b_a_k = tl.load(pn_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
@@ -1167,7 +1175,7 @@ def chunk_bwd_intra_kernel(
         b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
         _b_as_k = tl.load(pn_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_k, 0.)
-        _b_qs_q = tl.load(qh_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+        _b_qs_q = (tl.load(qh_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32))
         b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
         b_f = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
         b_h = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
@@ -1198,7 +1206,7 @@ def chunk_bwd_intra_kernel(
         if i_j > i_i:
             b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
             b_fj = tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
-            _b_qj_q = tl.load(qh_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
+            _b_qj_q = (tl.load(qh_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32))
             b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
             # [dS_JI]ᵀ, loaded transposed
             b_dsb = tl.load(dsq_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
@@ -1221,8 +1229,8 @@ def chunk_bwd_intra_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, g_buf, qh_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v, pn_k,
-    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, g_buf, qh_buf, ql_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v,
+    pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -1264,7 +1272,7 @@ def chunk_bwd_grad_kernel(
         g_v += b_dz
         tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
-    _b_q_q = tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
     _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
@@ -1813,7 +1821,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1825,22 +1833,22 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_interaction_kernel': ('g_buf', 'qh_buf', 's_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_decay_keys_kernel': ('g_buf', 'qh_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
+    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_interaction_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_decay_keys_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'aq_buf', 'alam_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
@@ -1881,7 +1889,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "s_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "s_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
@@ -2002,7 +2010,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["pn_k"] = (TT * H * DK, dt)
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
-    b["qh_buf"] = (TT * HV * DK, f32)
+    b["qh_buf"] = (TT * HV * DK, dt)  # q̂ = qh + ql, both in the input dtype (compiler/plan.py: rule_curvature_query)
+    b["ql_buf"] = (TT * HV * DK, dt)
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
     return b
