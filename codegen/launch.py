@@ -131,7 +131,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # (the map's log, divisions and exp and the tile scans make these passes instruction-bound more than
         # memory-bound): forward sums BK 64 / 4 warps 40 / 0, 16.7 (no scan: a weighted column sum); apply BK 16 / 1
         # warp 128 / 0, 70.7 (BK 8 / 1: 63 regs, 76.0; BK 64 / 4: 139, 82.0; BK 16 / 4: 40, 96.9); backward sums
-        # BK 16 / 1 warp 114 / 0, 98.0 (BK 64 / 4: 162, 112.4); apply BK 8 / 1 warp 150 / 0, 141.5 (BK 16 / 1: 255 +
+        # BK 16 / 1 warp 114 / 0, 98.0 (BK 64 / 4: 162, 112.4); apply BK 8 / 1 warp 167 / 0, 141.5 (BK 16 / 1: 255 +
         # 24 B spill, 153.4; BK 64 / 4: 255 / 0, 190.2). Not yet timed on the H200.
         if name == "precond_diag_sums":
             return min(64, BK), bv_full, 4, 1
