@@ -292,8 +292,9 @@ UNTIED_BACKWARD_RULES = {
 }
 
 
-# Per-channel decay's tied and additive families form their scores one row block at a time, the solve's row
-# folded in (the all-blocks-at-once form of chunk_interaction.jinja spills at dk = 128 with per-channel factors).
+# Per-channel decay's tied and additive families form their scores one batched product per level of hierarchical
+# references, the solve's forward substitution batched over the diagonal blocks and its merges level by level (the
+# all-blocks-at-once form of chunk_interaction.jinja spills at dk = 128 with per-channel factors).
 VECTOR_RULES = {
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction_vector.jinja"),
 }

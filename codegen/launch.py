@@ -34,11 +34,13 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         return BK, bv_full, 4, 1
     if name == "interaction":
         if decay == "vector":
-            # one row block at a time (chunk_interaction_vector.jinja). Compile report (kda, dk = 128, sm_90): BK 32 /
-            # 2 warps 255 registers + 64 B spill, BK 16 / 2 warps 8 B, BK 32 / 1 warp 128 B. H200, kda: 0.665 ms
-            # (run 32), against 0.71 with all row blocks at once; one program per 16×16 block pair (150 registers, no
-            # spill, 10 programs per chunk) was no faster, 0.57-0.61 plus a 0.075 solve (runs 33, tune.py)
-            return min(32, BK), bv_full, 2, 1
+            # one batched product per level of hierarchical references (chunk_interaction_vector.jinja). Compile report
+            # (kda, dk = 128, sm_90): BK 16 / 4 warps 202 registers, no spill (2 programs per SM), 47.4 K warp
+            # instructions per program; BK 32 / 4 warps 255 + 40 B spill (46.7 K); 8 warps put every warp on the
+            # batched products' batch dimension (255 registers, 79 K: replicated products); 2 warps spill 144-816 B.
+            # The row-block form before it: BK 32 / 2 warps, 255 + 64 B spill, 55.8 K; H200, kda 0.665 ms (run 32).
+            # Not yet timed on the H200
+            return min(16, BK), bv_full, 4, 1
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
         # (compile report: 255 registers + 40 B spill, against 252 and none at 2 warps, and still twice as fast)

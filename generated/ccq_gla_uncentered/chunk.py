@@ -378,14 +378,16 @@ def chunk_curvature_query_kernel(
 
         tl.store(m_out + (i_n * H + i_h) * DK + o_c, b_mc, mask=m_c)
 # ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
-# Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I), one row block at a time:
-#   S_IJ = [Q ⋆ A]_IJ, over the key
-#   channels in BK-wide blocks. J < I uses the reference r_I = b at the token before block I, so both factors
-#   e^{B_I − r_I} and e^{r_I − B_J} are ≤ 1; the diagonal block by hierarchical references (docs/chunk_forms.md §3
-#   applied recursively): at level s the pairs (t in the second half, j in the first half of an s-token block)
-#   take r = b at the block's middle, one masked 16×16 product per level, plus the t = j terms of S.
-# Why row by row: with all 4 row blocks in one key loop, every row block's [16, BK] operand tiles and all
-# 20 accumulators were live at once (kda, dk = 128, sm_90: 255 registers + 400 B spill at BK 32).
+# Per chunk, by hierarchical references (docs/chunk_forms.md §3 applied recursively), one level per halving of the
+# 64-token chunk: at level s the pairs (t in the second half, j in the first half of an s-token block) take
+# r = b at the block's middle, so both factors e^{b_t − r} and e^{r − b_j} are e^{−|b − r|} ≤ 1 (b is
+# non-increasing): S = Q ⋆ A, over the key channels in
+# BK-wide blocks. Each level is one batched tensor-core product over its blocks, sized to its pairs:
+#   s > 16 (32, 64): [BT / s, s / 2, BK] × [BT / s, BK, s / 2] on the (later, earlier) half-block rows;
+#   s ≤ 16 (16, 8, 4, 2): [4, 16, BK] × [4, BK, 16] on the 4 diagonal 16×16 blocks, masked to the level's pairs
+#   (t ^ j < s: the same s-block; the operands are zero off their half), plus the t = j terms of S.
+# One program per chunk and head, every tile and accumulator sized to what its level needs (the row-block form
+# before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
     g_buf, qh_buf, ql_buf, s_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
@@ -401,302 +403,131 @@ def chunk_interaction_kernel(
     t0 = bos + i_tc * BT
     o_k = tl.arange(0, BK)
     m_k = o_k < DK
+    o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
-    m_lo = o_c[:, None] > o_c[None, :]
-    eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
-    rb0 = t0 + 0 + o_c
-    mb0 = rb0 < eos
-    rb1 = t0 + 16 + o_c
-    mb1 = rb1 < eos
-    rb2 = t0 + 32 + o_c
-    mb2 = rb2 < eos
-    rb3 = t0 + 48 + o_c
-    mb3 = rb3 < eos
-    # ==== row block 0
-    S0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+    o_h = tl.arange(0, 32)
+    rows = t0 + o_t
+    m_r = rows < eos
+    # the references' rows relative to the chunk (int32 offsets from the chunk's first row of this head)
+    g_c = g_buf + (t0 * HV + i_hv) * DK
+    # the diagonal blocks' [4, 16, 16] indices
+    d_row = t0 + tl.arange(0, 4)[:, None, None] * BC + o_c[None, :, None]
+    d_col = tl.arange(0, 4)[:, None, None] * BC + o_c[None, None, :]
+    m_d = d_row < eos
+    # level 32: 2 block(s); hr / lr the later / earlier half-block rows, fr the reference (each block's middle)
+    hr32 = t0 + (o_h // 16) * 32 + 16 + o_h % 16
+    lr32 = hr32 - 16
+    mh32 = hr32 < eos
+    ml32 = lr32 < eos
+    fr32 = (o_h // 16) * 32 + 15
+    mf32 = t0 + fr32 < eos
+    # and its [2, 16, 16] output blocks: lower (later rows, earlier columns) and upper
+    u_blk32 = tl.arange(0, 2)[:, None, None] * 32
+    u_r32 = tl.arange(0, 16)[None, :, None]
+    u_c32 = tl.arange(0, 16)[None, None, :]
+    lo_row32 = t0 + u_blk32 + 16 + u_r32
+    lo_col32 = u_blk32 + u_c32
+    up_row32 = t0 + u_blk32 + u_r32
+    up_col32 = u_blk32 + 16 + u_c32
+    S32 = tl.zeros([2, 16, 16], dtype=tl.float32)
+    # level 64: 1 block(s); hr / lr the later / earlier half-block rows, fr the reference (each block's middle)
+    hr64 = t0 + (o_h // 32) * 64 + 32 + o_h % 32
+    lr64 = hr64 - 32
+    mh64 = hr64 < eos
+    ml64 = lr64 < eos
+    fr64 = (o_h // 32) * 64 + 31
+    mf64 = t0 + fr64 < eos
+    # and its [1, 32, 32] output blocks: lower (later rows, earlier columns) and upper
+    u_blk64 = 0
+    u_r64 = tl.arange(0, 32)[:, None]
+    u_c64 = tl.arange(0, 32)[None, :]
+    lo_row64 = t0 + u_blk64 + 32 + u_r64
+    lo_col64 = u_blk64 + u_c64
+    up_row64 = t0 + u_blk64 + u_r64
+    up_col64 = u_blk64 + 32 + u_c64
+    S64 = tl.zeros([32, 32], dtype=tl.float32)
+    Sd = tl.zeros([4, BC, BC], dtype=tl.float32)
+    sd = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_a0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_k, 0.)
-        bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        _b_q0_q = (tl.load(qh_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
-        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
-        S0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_a0, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg0 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a0 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        S0_0 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q0 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # the decayed output scores Q ⋆ A of row block 0 (zero above the diagonal)
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S0_0, s_buf, DT_ID), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-    # ==== row block 1
-    S1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        _b_a1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_k, 0.)
-        bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        _b_q1_q = (tl.load(qh_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
-        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
-        dq1 = tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
-        qf1 = b_q1 * dq1
-        # block 0 < 1: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
-        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        af = b_w0 * tl.exp2(tl.minimum(rg1[None, :] - bw0, 0.))
-        S1_0 += _mm_tf32(qf1, tl.trans(af), DT_ID)
-        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
-        S1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_a1, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg1 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a1 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        S1_1 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q1 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # the decayed output scores Q ⋆ A of row block 1 (zero above the diagonal)
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S1_0, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S1_1, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-    # ==== row block 2
-    S2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        _b_a2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_k, 0.)
-        bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        _b_q2_q = (tl.load(qh_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
-        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
-        dq2 = tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
-        qf2 = b_q2 * dq2
-        # block 0 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
-        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        af = b_w0 * tl.exp2(tl.minimum(rg2[None, :] - bw0, 0.))
-        S2_0 += _mm_tf32(qf2, tl.trans(af), DT_ID)
-        # block 1 < 2: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
-        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        af = b_w1 * tl.exp2(tl.minimum(rg2[None, :] - bw1, 0.))
-        S2_1 += _mm_tf32(qf2, tl.trans(af), DT_ID)
-        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
-        S2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_a2, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg2 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a2 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        S2_2 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q2 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # the decayed output scores Q ⋆ A of row block 2 (zero above the diagonal)
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S2_0, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S2_1, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S2_2, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
-    # ==== row block 3
-    S3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    S3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        _b_a3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_k, 0.)
-        bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-        _b_q3_q = (tl.load(qh_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
-        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
-        dq3 = tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
-        qf3 = b_q3 * dq3
-        # block 0 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
-        bw0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        af = b_w0 * tl.exp2(tl.minimum(rg3[None, :] - bw0, 0.))
-        S3_0 += _mm_tf32(qf3, tl.trans(af), DT_ID)
-        # block 1 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
-        bw1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        af = b_w1 * tl.exp2(tl.minimum(rg3[None, :] - bw1, 0.))
-        S3_1 += _mm_tf32(qf3, tl.trans(af), DT_ID)
-        # block 2 < 3: the decayed operands are new fp32 values, so tf32 keeps 3 more bits of them than bf16
-        # would (kda, T = 256, bf16, interpreter with fp32 products: o's error 4.66e-3 → 4.31e-3)
-        _b_w2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
-        bw2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        af = b_w2 * tl.exp2(tl.minimum(rg3[None, :] - bw2, 0.))
-        S3_2 += _mm_tf32(qf3, tl.trans(af), DT_ID)
-        # diagonal block: the t = j terms, then one level of token pairs per halving of the block
-        S3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_a3, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # b is non-increasing, so e^{b_t − r} (second half) and e^{r − b_j} (first half) are both e^{−|b − r|}:
-        # one exponential per level
-        d_ref = tl.exp2(-tl.abs(bg3 - b_ref))
-        a_dn = tl.where((~m_hi)[:, None], b_a3 * d_ref, 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        S3_3 += tl.where(m_pair, _mm_tf32(tl.where(m_hi[:, None], b_q3 * d_ref, 0.), tl.trans(a_dn), DT_ID), 0.)
-    # the decayed output scores Q ⋆ A of row block 3 (zero above the diagonal)
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(S3_0, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(S3_1, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(S3_2, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(S3_3, s_buf, DT_ID), mask=mb3[:, None])
+        # -- levels s ≤ 16: every row of the chunk
+        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        # the t = j terms of S
+        sd += tl.sum(b_q * b_a, 1)
+        o_ref = (o_t // 16) * 16 + 7
+        m_hi = (o_t % 16) >= 8
+        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 16)[None, :, :]
+        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+        o_ref = (o_t // 8) * 8 + 3
+        m_hi = (o_t % 8) >= 4
+        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 8)[None, :, :]
+        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+        o_ref = (o_t // 4) * 4 + 1
+        m_hi = (o_t % 4) >= 2
+        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 4)[None, :, :]
+        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+        o_ref = (o_t // 2) * 2 + 0
+        m_hi = (o_t % 2) >= 1
+        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 2)[None, :, :]
+        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+        # -- level 32: the later half-block rows (Q) against the earlier ones (A); the decayed operands
+        # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
+        _h_q_q = (tl.load(qh_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        h_q = tl.where(mh32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
+        h_g = tl.load(g_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.)
+        _l_a_k = tl.load(pn_k + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        l_a = tl.where(ml32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
+        l_g = tl.load(g_buf + (lr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.)
+        f_ref = tl.load(g_c + fr32[:, None] * (HV * DK) + o_k[None, :], mask=mf32[:, None] & m_k[None, :], other=0.)
+        d_hi = tl.exp2(-tl.abs(h_g - f_ref))
+        a_lo = tl.permute(tl.reshape(l_a * tl.exp2(-tl.abs(l_g - f_ref)), [2, 16, BK]), (0, 2, 1))
+        S32 += _mm_tf32(tl.reshape(h_q * d_hi, [2, 16, BK]), a_lo, DT_ID)
+        # -- level 64: the later half-block rows (Q) against the earlier ones (A); the decayed operands
+        # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
+        _h_q_q = (tl.load(qh_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        h_q = tl.where(mh64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
+        h_g = tl.load(g_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.)
+        _l_a_k = tl.load(pn_k + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        l_a = tl.where(ml64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
+        l_g = tl.load(g_buf + (lr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.)
+        f_ref = tl.load(g_c + fr64[:, None] * (HV * DK) + o_k[None, :], mask=mf64[:, None] & m_k[None, :], other=0.)
+        d_hi = tl.exp2(-tl.abs(h_g - f_ref))
+        a_lo = tl.trans(l_a * tl.exp2(-tl.abs(l_g - f_ref)))
+        S64 += _mm_tf32(h_q * d_hi, a_lo, DT_ID)
+    # the decayed output scores Q ⋆ A (zero above the diagonal)
+    Sd += tl.where(o_c[:, None] == o_c[None, :], tl.reshape(sd, [4, BC])[:, :, None], 0.)
+    tl.store(s_buf + (d_row * HV + i_hv) * BT + d_col, _cast_for(Sd, s_buf, DT_ID), mask=m_d)
+    tl.store(s_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, _cast_for(S32, s_buf, DT_ID), mask=lo_row32 < eos)
+    tl.store(s_buf + (up_row32 * HV + i_hv) * BT + up_col32, tl.zeros([2, 16, 16], dtype=tl.float32).to(s_buf.dtype.element_ty),
+             mask=up_row32 < eos)
+    tl.store(s_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, _cast_for(S64, s_buf, DT_ID), mask=lo_row64 < eos)
+    tl.store(s_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32).to(s_buf.dtype.element_ty),
+             mask=up_row64 < eos)
 # ---- stage decay_keys (per-channel decay): the decayed key and query operands of the state passes, per chunk -------
 #   Kg = A ⊙ e^{b_c − B} (to the chunk's end) and Qg = Q̂ ⊙ e^B, stored in the input dtype: the passes over chunks
 #   load them instead of the fp32 gates and two exponentials per tile, off their sequential path. The matmuls there
