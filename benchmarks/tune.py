@@ -30,10 +30,6 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
           # the scalar- or no-decay delta family's split of bwd_grads: per chunk, then per key block (the same kernel name)
           "bwd_solve": "chunk_bwd_solve_kernel", "bwd_key_grads": "chunk_bwd_grad_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
-          # the PDN statistic's earlier passes (the plan's `passes`: sums, carry, then the stage's own apply kernel)
-          "precond_diag_sums": "chunk_precond_diag_sums_kernel", "precond_diag_carry": "chunk_precond_diag_carry_kernel",
-          "bwd_precond_diag_sums": "chunk_bwd_precond_diag_sums_kernel",
-          "bwd_precond_diag_carry": "chunk_bwd_precond_diag_carry_kernel",
           "bwd_curvature_query": "chunk_bwd_curvature_query_kernel", "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
           "bwd_curvature_state": "chunk_bwd_curvature_state_kernel"}
 
@@ -58,14 +54,9 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "bwd_scores": itertools.product([64], [32, 64], [4, 8], [1, 2]),
         "bwd_intra": itertools.product([16, 32, 64], [64], [2, 4, 8], [1]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
-        # the PDN statistic's chunk-parallel passes: per chunk, head and BK key channels (BK < dk: more programs, fewer
-        # live registers); the carry over the chunk summaries takes BV chunks per block
-        "precond_diag": itertools.product([8, 16, 32, 64], [64], [1, 2, 4], [1]),
-        "bwd_precond_diag": itertools.product([8, 16, 32, 64], [64], [1, 2, 4], [1]),
-        "precond_diag_sums": itertools.product([16, 32, 64, full], [64], [1, 2, 4, 8], [1]),
-        "bwd_precond_diag_sums": itertools.product([8, 16, 32, 64], [64], [1, 2, 4], [1]),
-        "precond_diag_carry": itertools.product([16, 32, 64, full], [16, 32, 64], [1, 2, 4], [1]),
-        "bwd_precond_diag_carry": itertools.product([16, 32, 64, full], [16, 32, 64], [1, 2, 4], [1]),
+        # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
+        "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
+        "bwd_precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
         # BV columns of the dk × dk sums per program, key rows in one or two blocks of BK
         "curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2, 3]),
         "bwd_curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),

@@ -75,7 +75,6 @@ from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
     BackwardPlan,
     Plan,
-    Stage,
     build_backward_plan,
     build_plan,
     cp_stages,
@@ -202,13 +201,12 @@ class Launch:
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
 # rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over
-# chunks); chunk_hp (NT, statistic heads, key-channel blocks: the PDN statistic's parallel passes); state (dv blocks,
-# sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences × key heads: the curvature
-# sums); output (dv blocks, NT, HV).
+# chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences ×
+# key heads: the curvature sums); output (dv blocks, NT, HV).
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
-    "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "chunk_hp", "chunk_precond_diag.jinja"),
+    "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "seq_hp", "chunk_precond_diag.jinja"),
     "precond_gram": Launch("precond_gram", "chunk_precond_gram_kernel", "seq_hp", "chunk_precond_gram.jinja"),
     "precond_exact": Launch("precond_exact", "chunk_precond_exact_kernel", "chunk", "chunk_precond_exact.jinja"),
     "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "key_state",
@@ -240,7 +238,7 @@ BACKWARD_RULES = {
                                 "chunk_bwd_curvature_key.jinja"),
     "bwd_curvature_state": Launch("bwd_curvature_state", "chunk_bwd_curvature_state_kernel", "key_state",
                                   "chunk_bwd_curvature_state.jinja"),
-    "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "chunk_hp",
+    "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
                                "chunk_bwd_precond_diag.jinja"),
     "bwd_precond_exact": Launch("bwd_precond_exact", "chunk_bwd_precond_exact_kernel", "chunk",
                                 "chunk_bwd_precond_exact.jinja"),
@@ -248,23 +246,6 @@ BACKWARD_RULES = {
                                "chunk_bwd_precond_gram.jinja"),
     "bwd_inputs": Launch("bwd_inputs", "chunk_bwd_inputs_kernel", "chunk", "chunk_bwd_inputs.jinja"),
 }
-
-
-# A stage computed in several launches (plan attribute `passes`; the last pass is the stage's own launch): the
-# launches of the earlier passes, in order. Their kernels are defined in the stage's template (template "": included
-# once, with the stage's own launch).
-PASS_LAUNCHES = {
-    "precond_diag": {"sums": Launch("precond_diag_sums", "chunk_precond_diag_sums_kernel", "chunk_hp", ""),
-                     "carry": Launch("precond_diag_carry", "chunk_precond_diag_carry_kernel", "seq_hp", "")},
-    "bwd_precond_diag": {"sums": Launch("bwd_precond_diag_sums", "chunk_bwd_precond_diag_sums_kernel", "chunk_hp", ""),
-                         "carry": Launch("bwd_precond_diag_carry", "chunk_bwd_precond_diag_carry_kernel", "seq_hp", "")},
-}
-
-
-def _with_passes(launch: Launch, st: Stage | None) -> list[Launch]:
-    """The launches of one stage's launch: those of its earlier passes (attribute `passes`), then its own."""
-    passes = st.attr("passes", ()) if st is not None else ()
-    return [PASS_LAUNCHES[launch.name][p] for p in passes[:-1]] + [launch]
 
 
 def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
@@ -322,7 +303,7 @@ def backward_launches(plan: Plan) -> list[Launch]:
     bplan = build_backward_plan(plan)
     assert bplan is not None
     rules = backward_rules(plan, bplan)
-    return [la for st in bplan.stages for la in _with_passes(rules[st.kind], st)]
+    return [rules[k] for k in bplan.kinds()]
 
 
 def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None
@@ -343,8 +324,7 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
         guests = [FUSED_RULES[(host, st.kind)] for st in stages if st.kind != host and launch_of(st) == host
                   and (host, st.kind) in FUSED_RULES]
-        own = next((st for st in stages if st.kind == host), None)
-        out += [guests[0]] if guests else _with_passes(rules[host], own)
+        out.append(guests[0] if guests else rules[host])
     return out
 
 
@@ -382,10 +362,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                              "and only then")
     rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
-    bst = {st.kind: st for st in bplan.stages}
-    cp_bwd = []
-    for k, tag in cp_stages(plan, bplan).backward_order():
-        cp_bwd += [(hooks[k], None)] if k in hooks else [(la, tag) for la in _with_passes(rules[k], bst.get(k))]
+    cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
                 cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),

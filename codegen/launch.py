@@ -123,28 +123,19 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # 0.986, BK 64 / 4 warps 1.054, BK 32 / 8 warps ~1.6
             return min(32, BK), bv_full, 4, 1
         return bk_block, bv_full, 8 if BK >= 64 else 4, 1
-    if name in ("precond_diag", "bwd_precond_diag", "precond_diag_sums", "bwd_precond_diag_sums"):
-        # The PDN statistic, chunk-parallel (chunk_precond_diag.jinja, chunk_bwd_precond_diag.jinja): the sums and apply
-        # passes run one program per chunk, statistic head and BK key channels (B = 4, T = 4096, H = 16, dk = 128:
-        # 256 chunks × 16 heads × dk / BK programs), each one chunk's [BT, BK] tiles; the carry pass between them reads
-        # only the chunk summaries. Before (one program per sequence, head and BK channels, sequential over the chunks;
-        # latency-bound, ncu run 45): H200, pgdn, forward BK 16 / 4 warps 0.206 ms, backward BK 8 / 1 warp 0.439 ms
-        # (run 46). Compile report (pgdn, dk = 128, sm_90), registers / spill and SASS instructions per tile element
-        # (the map's log, divisions and exp and the tile scans make these passes instruction-bound more than
-        # memory-bound): forward sums BK 64 / 4 warps 40 / 0, 16.7 (no scan: a weighted column sum); apply BK 16 / 1
-        # warp 128 / 0, 70.7 (BK 8 / 1: 63 regs, 76.0; BK 64 / 4: 139, 82.0; BK 16 / 4: 40, 96.9); backward sums
-        # BK 16 / 1 warp 114 / 0, 98.0 (BK 64 / 4: 162, 112.4); apply BK 8 / 1 warp 167 / 0, 141.5 (BK 16 / 1: 255 +
-        # 24 B spill, 153.4; BK 64 / 4: 255 / 0, 190.2). Not yet timed on the H200.
-        if name == "precond_diag_sums":
-            return min(64, BK), bv_full, 4, 1
+    if name in ("precond_diag", "bwd_precond_diag"):
+        # the PDN statistic splits over key-channel blocks; within a chunk it is a decayed scan. H200, pgdn
+        # dk = dv = 128 (benchmarks/tune.py, run 37): forward BK 16 / 4 warps 0.218 ms (BK 32 / 8 warps 0.255, BK 32 /
+        # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency.
+        # The for loop's 2 stages (the next chunk's loads during this one's scan) changed nothing (run 39: 0.215 /
+        # 0.313 ms, 1 stage 0.216 / 0.319): the loads were not what each chunk waits on.
+        # The backward after it began re-forming the statistic per chunk (two scans per chunk; 147 registers at BK 16 /
+        # 4 warps: 3 programs per SM, so its 512 programs ran as 1.3 waves, ncu run 45): BK 8 / 1 warp, 149 registers,
+        # 1024 programs in one wave, each scan within a warp: 0.703 → 0.439 ms (run 46, tune.py; GPU gradients
+        # unchanged). The forward stays at BK 16 / 4 warps (BK 8 / 1 warp 0.281 against 0.208).
         if name == "bwd_precond_diag":
-            return min(8, BK), bv_full, 1, 1
-        return min(16, BK), bv_full, 1, 1
-    if name in ("precond_diag_carry", "bwd_precond_diag_carry"):
-        # per sequence, statistic head and BK key channels, over the sequence's chunk summaries BV chunks at a time
-        # (BV: the number of chunks per block, [BV, BK] fp32 tiles; one block up to T = 64 BT); 256 programs at B = 4,
-        # H = 16, dk = 128. Compile report: 128 registers, no spill
-        return min(32, BK), 64, 2, 1
+            return min(8, BK), bv_full, 1, 2
+        return min(16, BK), bv_full, 4, 2
     if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
         # the exact preconditioner's per-chunk dk × dk tiles (compile report, dk = dv = 64, sm_90): at 4 warps the
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and

@@ -388,13 +388,6 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
     return bind
 
 
-# The PDN statistic's stage and its backward run as three launches each (codegen/templates/chunk_precond_diag.jinja,
-# chunk_bwd_precond_diag.jinja): per chunk in parallel the chunk-local decayed sums L_n and decay totals D_n; the
-# carry over the chunk summaries only (per sequence, head and key-channel block); per chunk in parallel the statistic
-# of every token from its chunk's carry. The last pass is the stage's own kernel.
-PRECOND_DIAG_PASSES = ("sums", "carry", "apply")
-
-
 def rule_precond_diag(b: _Builder) -> None:
     if b.s.precond != "diag":
         return
@@ -407,8 +400,7 @@ def rule_precond_diag(b: _Builder) -> None:
     # token's statistic from it, chunk-parallel, where it reads it (8 B per token and head instead of 512)
     b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
                                                  b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
-          placement=b.s.precond_placement, heads=d.heads, map=d.map, passes=PRECOND_DIAG_PASSES,
-          parallel="chunks: the carry A_(n+1) = D_n A_n + L_n runs over the chunk summaries (L_n, D_n) alone",
+          placement=b.s.precond_placement, heads=d.heads, map=d.map,
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
 
@@ -1007,8 +999,7 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
             Operand("dA0", f"[N,{heads},dk]", "fp32"), Operand("A_t", f"[B,T,{heads},dk]", "fp32"))
     return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw", "dA_final"), outs,
                  (("form", "A_t = e^c A_n + Lambda (stat) per chunk; reverse decayed cumsum of the statistic's adjoint"),
-                  ("reads", ("precond_diag.An",)), ("passes", PRECOND_DIAG_PASSES),
-                  ("parallel", "chunks: the reverse carry C_(n-1) = L'_n + D_n C_n runs over the chunk summaries alone")))
+                  ("reads", ("precond_diag.An",)), ("sequential", "chunks, reversed")))
 
 
 def _bwd_precond_exact(p: Plan) -> Stage | None:

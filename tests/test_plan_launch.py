@@ -43,21 +43,12 @@ def _fwd_kernel(host_stage: str, guests: set[str]) -> str:
     return {"chunk_cumsum": "chunk_cumsum_kernel"}.get(host_stage, f"chunk_{host_stage}_kernel")
 
 
-def _with_passes(kernel: str, st) -> list[str]:  # noqa: ANN001
-    """A stage computed in several passes (attribute `passes`): one kernel per pass, the last the stage's own."""
-    passes = st.attr("passes", ()) if st is not None else ()
-    return [kernel.removesuffix("_kernel") + f"_{p}_kernel" for p in passes[:-1]] + [kernel]
-
-
 def _want(plan, kinds=None) -> list[str]:  # noqa: ANN001
     """The kernels that compute the plan's stages of `kinds` (default: all), in its order: one per launch; a stage with
-    `fused` runs inside another stage's launch (or, "loads", inside every consumer's tile loads); a stage with
-    `passes` runs one launch per pass."""
+    `fused` runs inside another stage's launch (or, "loads", inside every consumer's tile loads)."""
     stages = [st for st in plan.stages() if kinds is None or st.kind in kinds]
     hosts = dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None)
-    return [k for h in hosts
-            for k in _with_passes(_fwd_kernel(h, {st.kind for st in stages if st.kind != h and launch_of(st) == h}),
-                                  next((st for st in stages if st.kind == h), None))]
+    return [_fwd_kernel(h, {st.kind for st in stages if st.kind != h and launch_of(st) == h}) for h in hosts]
 
 
 def _launched(mod, fn, bufs=None) -> list[str]:  # noqa: ANN001
@@ -107,7 +98,7 @@ def test_launches_are_the_plan(name: str) -> None:
     # its consumers' loads, recomputed there, launches nothing)
     rerun = _want(plan, bp.recomputed)
     assert "chunk_state_pass_kernel" in rerun
-    bwd = [k for st in bp.stages for k in _with_passes(BWD_KERNEL[st.kind], st)]
+    bwd = [BWD_KERNEL[k] for k in bp.kinds()]
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept)) == rerun + bwd
     # without what the forward kept, the backward reruns the whole forward plan but the output
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
@@ -134,7 +125,7 @@ def test_memory_model_matches_the_kernels(name: str) -> None:
     kept = mod.kept_like(1, T, 1, 1, 128, 128, torch.bfloat16, "cpu")
     nbytes = sum(t.numel() * t.element_size() for t in kept) / T
     assert abs(nbytes - bp.kept_bytes) <= 0.02 * bp.kept_bytes + 1, (nbytes, bp.kept_bytes)  # An's chunk-count bound
-    phase = {k: PHASE_OF[st.kind] for st in bp.stages for k in _with_passes(BWD_KERNEL[st.kind], st)}
+    phase = {kernel: PHASE_OF[kind] for kind, kernel in BWD_KERNEL.items()}
     order = [k[1].__name__ for k in mod._bwd_kernels()]
     for m in bp.memory:
         bufs = _kept_buffers(ir, m.kind, backward_reads_l(plan)) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())

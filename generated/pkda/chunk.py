@@ -174,151 +174,82 @@ def chunk_cumsum_kernel(
     tl.store(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_g, mask=m_r[:, None] & m_k[None, :])
 
 # ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
-# Chunk-parallel, in three passes (the plan's `passes`): the statistic is elementwise per key channel and linear in
-# its carry, A_(n+1) = D_n A_n + L_n, with L_n the chunk's decayed sum from zero and D_n = e^{Σ c} its decay total.
-#   sums   per chunk, head and BK key channels, in parallel: L_n = Σ_t e^{c_(t+1) + ... + c_last} x_t (a weighted
-#          column sum: no scan) and D_n (one float per chunk and head)
-#   carry  per sequence, head and BK key channels: A_n of every chunk from A_0 and the chunk summaries alone (a decayed
-#          scan over BV chunks at a time: the launch table's second field), A_final
-#   apply  per chunk, head and BK key channels, in parallel: every token's 𝒜 from A_n (the decayed scan within the
-#          chunk, tl.associative_scan), k̃ = map(𝒜) ⊙ k
-# Every factor is e^{c} or a product of them, c ≤ 0 (no exponent above 0). A_n stays in an_buf: the backward re-forms
-# every token's statistic from it.
+# One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
+# chunks: the statistic is elementwise per channel, so channel blocks are independent; the carry is BK floats.
+# Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
 @triton.jit
-def chunk_precond_diag_sums_kernel(
-    p_k, p_gP, p_betaP, ls_buf, dn_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
-    i_h = i_p
-    i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    i_kb = tl.program_id(2)
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-    # token t's weight at the chunk's end, e^{c_(t+1) + ... + c_last}: a reverse cumsum of the next tokens' log-decays
-    # (0 past the chunk's last valid token), so no exponent is above 0 and none is a difference of two sums
-    rows1 = rows + 1
-    m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-    _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-    b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-    b_w = tl.exp2(tl.cumsum(b_cn, axis=0, reverse=True))
-    # L_n, the chunk's decayed sum from zero, and its decay total D_n (from block 0)
-    tl.store(ls_buf + (i_c * HP + i_p) * DK + o_k, tl.sum(b_x * b_w[:, None], 0), mask=m_k)
-    if i_kb == 0:
-        tl.store(dn_buf + i_c * HP + i_p, tl.exp2(tl.sum(b_c, 0)))
-
-
-@triton.jit
-def chunk_precond_diag_carry_kernel(
-    a0, a_out, an_buf, ls_buf, dn_buf, cu_seqlens, chunk_offsets, HP: tl.constexpr, DK: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, INTERPRET: tl.constexpr,
+def chunk_precond_diag_kernel(
+    p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
     i_p = i_nh % HP
+    i_h = i_p
+    i_hv = i_p * G
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
-    n_tc = tl.cdiv(eos - bos, BT)  # its chunks
-    o_j = tl.arange(0, BV)  # BV chunks at a time (the launch table's second field)
+    o_t = tl.arange(0, BT)
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
+    n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_jb = 0
-        while i_jb * BV < n_tc:
-            j = i_jb * BV + o_j
-            m_j = j < n_tc
-            # A_j = D_(j-1) A_(j-1) + L_(j-1): row j holds chunk j - 1's summary, the block's first row the carry into the block
-            m_p = m_j & (o_j > 0)
-            b_l = tl.load(ls_buf + ((i_cn + j - 1)[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :],
-                          other=0.)
-            b_l = tl.where((o_j == 0)[:, None], b_A[None, :], b_l)
-            b_dn = tl.load(dn_buf + (i_cn + j - 1) * HP + i_p, mask=m_p, other=1.)
-            _, b_an = tl.associative_scan((tl.zeros([BV, BK], dtype=tl.float32) + b_dn[:, None], b_l), 0, _decayed_sum)
-            tl.store(an_buf + ((i_cn + j)[:, None] * HP + i_p) * DK + o_k[None, :], b_an, mask=m_j[:, None] & m_k[None, :])
-            # the carry past the block's last chunk
-            j_l = tl.minimum(i_jb * BV + BV, n_tc) - 1
-            b_ll = tl.load(ls_buf + ((i_cn + j_l) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            b_al = tl.sum(tl.where((j == j_l)[:, None], b_an, 0.), 0)
-            b_A = tl.load(dn_buf + (i_cn + j_l) * HP + i_p) * b_al + b_ll
-            i_jb += 1
+        i_tc = 0
+        while i_tc < n_tc:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
+                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BT) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
+            i_tc += 1
     else:
-        for i_jb in range(0, tl.cdiv(n_tc, BV)):
-            j = i_jb * BV + o_j
-            m_j = j < n_tc
-            # A_j = D_(j-1) A_(j-1) + L_(j-1): row j holds chunk j - 1's summary, the block's first row the carry into the block
-            m_p = m_j & (o_j > 0)
-            b_l = tl.load(ls_buf + ((i_cn + j - 1)[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :],
-                          other=0.)
-            b_l = tl.where((o_j == 0)[:, None], b_A[None, :], b_l)
-            b_dn = tl.load(dn_buf + (i_cn + j - 1) * HP + i_p, mask=m_p, other=1.)
-            _, b_an = tl.associative_scan((tl.zeros([BV, BK], dtype=tl.float32) + b_dn[:, None], b_l), 0, _decayed_sum)
-            tl.store(an_buf + ((i_cn + j)[:, None] * HP + i_p) * DK + o_k[None, :], b_an, mask=m_j[:, None] & m_k[None, :])
-            # the carry past the block's last chunk
-            j_l = tl.minimum(i_jb * BV + BV, n_tc) - 1
-            b_ll = tl.load(ls_buf + ((i_cn + j_l) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            b_al = tl.sum(tl.where((j == j_l)[:, None], b_an, 0.), 0)
-            b_A = tl.load(dn_buf + (i_cn + j_l) * HP + i_p) * b_al + b_ll
+        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
+        for i_tc in range(0, n_tc):
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
+                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BT) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
 
-
-@triton.jit
-def chunk_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, kt_buf, an_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
-    i_h = i_p
-    i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    i_kb = tl.program_id(2)
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    b_A = tl.load(an_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)  # the chunk-start carry A_n
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-
-    b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-    _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-    _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-    b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
-    b_kt = b_map * b_k
-    tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
 # ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
 # Per chunk, by hierarchical references (docs/chunk_forms.md §3 applied recursively), one level per halving of the
 # 64-token chunk: at level s the pairs (t in the second half, j in the first half of an s-token block) take
@@ -1263,186 +1194,127 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
     tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
-# ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): the statistic's adjoint, a reverse scan over tokens
+# ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
-#   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment). Chunk-parallel, in three passes, as the
-#   forward: the adjoint is linear in the carry C_n entering chunk n at its last token, C_(n-1) = L'_n + D_n C_n, with
-#   L'_n = e^{c_first} Ā_first of the chunk from a zero carry and D_n the chunk's decay total.
-#   sums   per chunk, head and BK key channels, in parallel: L'_n = Σ_t e^{c_first + ... + c_t} d𝒜_t (a weighted
-#          column sum: no reverse scan), D_n
-#   carry  per sequence, head and BK key channels, reverse over the chunk summaries only: C_n of every chunk, dA_0
-#   apply  per chunk, head and BK key channels, in parallel: Ā from C_n; the decay adjoint's sum over channels per
-#          block (NKP partial sums, added up where the chain rule reads it)
-#   𝒜 itself is re-formed per chunk from the forward's chunk-start carry A_n (sums and apply), as the forward formed
-#   it; apply stores it for bwd_inputs: the backward allocates it after the chunk gradients, not from the forward onwards.
+#   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
+#   channels is written per block (NKP partial sums, added up where the chain rule reads it).
+#   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
+#   𝒜 itself is re-formed per chunk from the forward's chunk-start carry A_n, as the forward formed it, and stored
+#   for bwd_inputs: the backward allocates it after the chunk gradients, not from the forward onwards.
 @triton.jit
-def chunk_bwd_precond_diag_sums_kernel(
-    p_k, p_gP, p_betaP, p_mu, an_buf, als_buf, adn_buf, aa_buf, cu_seqlens, chunk_indices, H: tl.constexpr,
-    HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
-    i_h = i_p
-    i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    i_kb = tl.program_id(2)
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    m_rk = m_r[:, None] & m_k[None, :]
-    # every token's statistic from the chunk-start carry, formed as the forward formed it
-    b_A = tl.load(an_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-
-    b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-    _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_g in range(0, G):
-        i_hv = i_p * G + i_g
-        b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-        b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
-        b_dkt += b_dwk * b_aa
-    _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-    b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
-    b_dst = b_dmap * b_k * b_dkt
-    # L'_n = Σ_t e^{c_first + ... + c_t} d𝒜_t (the carry out of the chunk from a zero carry: a weighted column sum, no
-    # reverse scan); the weights are an inclusive cumsum of the log-decays (each ≤ 0, 0 on invalid rows)
-    b_w = tl.exp2(tl.cumsum(b_c, axis=0))
-    tl.store(als_buf + (i_c * HP + i_p) * DK + o_k, tl.sum(b_dst * b_w[:, None], 0), mask=m_k)
-    if i_kb == 0:
-        tl.store(adn_buf + i_c * HP + i_p, tl.exp2(tl.sum(b_c, 0)))
-
-
-@triton.jit
-def chunk_bwd_precond_diag_carry_kernel(
-    als_buf, adn_buf, aan_buf, da_fin, da0, cu_seqlens, chunk_offsets, HP: tl.constexpr, DK: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, INTERPRET: tl.constexpr,
+def chunk_bwd_precond_diag_kernel(
+    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens,
+    chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
     i_p = i_nh % HP
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
-    n_tc = tl.cdiv(eos - bos, BT)  # its chunks
-    o_j = tl.arange(0, BV)  # BV chunks at a time (the launch table's second field), from the sequence's last
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    b_C = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_jb = 0
-        while i_jb * BV < n_tc:
-            j = n_tc - (i_jb + 1) * BV + o_j
-            m_j = j >= 0
-            # C_j = L'_(j+1) + D_(j+1) C_(j+1): row j holds chunk j + 1's summary, the block's last row the carry into the block
-            m_p = m_j & (o_j < BV - 1)
-            b_l = tl.load(als_buf + ((i_cn + j + 1)[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :],
-                          other=0.)
-            b_l = tl.where((o_j == BV - 1)[:, None], b_C[None, :], b_l)
-            b_dn = tl.load(adn_buf + (i_cn + j + 1) * HP + i_p, mask=m_p, other=1.)
-            _, b_cn = tl.associative_scan((tl.zeros([BV, BK], dtype=tl.float32) + b_dn[:, None], b_l), 0, _decayed_sum, reverse=True)
-            tl.store(aan_buf + ((i_cn + j)[:, None] * HP + i_p) * DK + o_k[None, :], b_cn, mask=m_j[:, None] & m_k[None, :])
-            # the carry out of the block's first chunk (out of chunk 0: dA_0)
-            j_f = tl.maximum(n_tc - (i_jb + 1) * BV, 0)
-            b_lf = tl.load(als_buf + ((i_cn + j_f) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            b_cf = tl.sum(tl.where((j == j_f)[:, None], b_cn, 0.), 0)
-            b_C = tl.load(adn_buf + (i_cn + j_f) * HP + i_p) * b_cf + b_lf
-            i_jb += 1
-    else:
-        for i_jb in range(0, tl.cdiv(n_tc, BV)):
-            j = n_tc - (i_jb + 1) * BV + o_j
-            m_j = j >= 0
-            # C_j = L'_(j+1) + D_(j+1) C_(j+1): row j holds chunk j + 1's summary, the block's last row the carry into the block
-            m_p = m_j & (o_j < BV - 1)
-            b_l = tl.load(als_buf + ((i_cn + j + 1)[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :],
-                          other=0.)
-            b_l = tl.where((o_j == BV - 1)[:, None], b_C[None, :], b_l)
-            b_dn = tl.load(adn_buf + (i_cn + j + 1) * HP + i_p, mask=m_p, other=1.)
-            _, b_cn = tl.associative_scan((tl.zeros([BV, BK], dtype=tl.float32) + b_dn[:, None], b_l), 0, _decayed_sum, reverse=True)
-            tl.store(aan_buf + ((i_cn + j)[:, None] * HP + i_p) * DK + o_k[None, :], b_cn, mask=m_j[:, None] & m_k[None, :])
-            # the carry out of the block's first chunk (out of chunk 0: dA_0)
-            j_f = tl.maximum(n_tc - (i_jb + 1) * BV, 0)
-            b_lf = tl.load(als_buf + ((i_cn + j_f) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            b_cf = tl.sum(tl.where((j == j_f)[:, None], b_cn, 0.), 0)
-            b_C = tl.load(adn_buf + (i_cn + j_f) * HP + i_p) * b_cf + b_lf
-    tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_C, mask=m_k)
-
-
-@triton.jit
-def chunk_bwd_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, aan_buf, aa_buf, apinc_buf, apdec_buf, cu_seqlens, chunk_indices,
-    TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
     i_h = i_p
     i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
     o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    i_kb = tl.program_id(2)
+    i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_rk = m_r[:, None] & m_k[None, :]
-    b_carry = tl.load(aan_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)  # C_n, from the later chunks
-    # every token's statistic from the chunk-start carry, formed as the forward formed it
-    b_A = tl.load(an_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-
-    b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-    _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_g in range(0, G):
-        i_hv = i_p * G + i_g
-        b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-        b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
-        b_dkt += b_dwk * b_aa
-    _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-    b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
-    b_dst = b_dmap * b_k * b_dkt
-    tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
-    last = tl.minimum(eos - t0, BT) - 1
-    b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
-    # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
-    # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
-    rows1 = rows + 1
-    m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-    _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-    b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-    b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
-    _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
-    b_ab = tl.where(m_rk, b_ab, 0.)
-    tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-    tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
+    b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = n_tc - 1
+        while i_tc >= 0:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
+            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BT) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the chunk before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+            i_tc -= 1
+    else:
+        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
+        for i_rev in range(0, n_tc):
+            i_tc = n_tc - 1 - i_rev
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            # every token's statistic from the chunk-start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
+            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BT) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the chunk before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+    tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
 #   Parts: lg = g; beta = beta; e = k; a = ktilde; kt = k*exp(-0.405465108108164*softsign(-mu + log(A + 1.0e-6))); pinc = betaP*k**2; pdec = gP
@@ -1526,7 +1398,7 @@ _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "ls_buf", "dn_buf", "als_buf", "adn_buf", "aan_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -1541,9 +1413,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_sums_kernel': ('p_k', 'p_gP', 'p_betaP', 'ls_buf', 'dn_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HP', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_carry_kernel': ('a0', 'a_out', 'an_buf', 'ls_buf', 'dn_buf', 'cu_seqlens', 'chunk_offsets', 'HP', 'DK', 'BT', 'BK', 'BV', 'INTERPRET'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'an_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HP', 'G', 'DK', 'BT', 'BK'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_decay_keys_kernel': ('p_q', 'g_buf', 'kt_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
@@ -1554,9 +1424,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_sums_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'an_buf', 'als_buf', 'adn_buf', 'aa_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
-    'chunk_bwd_precond_diag_carry_kernel': ('als_buf', 'adn_buf', 'aan_buf', 'da_fin', 'da0', 'cu_seqlens', 'chunk_offsets', 'HP', 'DK', 'BT', 'BK', 'BV', 'INTERPRET'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'aan_buf', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1566,9 +1434,7 @@ def _kernels():
     """(name, kernel, grid kind) of the forward: the plan's launches, in its order."""
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("precond_diag_sums", chunk_precond_diag_sums_kernel, "chunk_hp"),
-        ("precond_diag_carry", chunk_precond_diag_carry_kernel, "seq_hp"),
-        ("precond_diag", chunk_precond_diag_kernel, "chunk_hp"),
+        ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("decay_keys", chunk_decay_keys_kernel, "chunk"),
@@ -1587,9 +1453,7 @@ def _rerun_kernels(kept):
         ]
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("precond_diag_sums", chunk_precond_diag_sums_kernel, "chunk_hp"),
-        ("precond_diag_carry", chunk_precond_diag_carry_kernel, "seq_hp"),
-        ("precond_diag", chunk_precond_diag_kernel, "chunk_hp"),
+        ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("decay_keys", chunk_decay_keys_kernel, "chunk"),
@@ -1690,10 +1554,8 @@ class _Run:
                 grid = (NT, HV, triton.cdiv(DK, BK) * (BT // BC))
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
-            elif kind == "seq_hp":  # per sequence, statistic head and block of BK key channels (elementwise per channel)
+            elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "chunk_hp":  # the PDN statistic's parallel passes: per chunk, statistic head and BK channels
-                grid = (NT, HP, triton.cdiv(DK, BK))
             elif kind == "key_state":  # the curvature sums: one program per BV columns of C, sequence and key head
                 grid = (triton.cdiv(DK, BV), N * H)
             elif kind == "state":
@@ -1720,10 +1582,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["kt_buf"] = (TT * HP * DK, f32)
-    # the statistic's chunk summaries (L_n, D_n) and A_n of every chunk, which the apply pass reads (and the backward)
-    b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)
-    b["ls_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)
-    b["dn_buf"] = ((triton.cdiv(TT, BT) + N) * HP, f32)
+    if keep:
+        b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
@@ -1855,14 +1715,10 @@ def _cp_kernels():
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ],
         "aux": [
-            ("precond_diag_sums", chunk_precond_diag_sums_kernel, "chunk_hp"),
-            ("precond_diag_carry", chunk_precond_diag_carry_kernel, "seq_hp"),
-            ("precond_diag", chunk_precond_diag_kernel, "chunk_hp"),
+            ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ],
         "after_aux": [
-            ("precond_diag_sums", chunk_precond_diag_sums_kernel, "chunk_hp"),
-            ("precond_diag_carry", chunk_precond_diag_carry_kernel, "seq_hp"),
-            ("precond_diag", chunk_precond_diag_kernel, "chunk_hp"),
+            ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
             ("interaction", chunk_interaction_kernel, "chunk"),
             ("wy", chunk_wy_kernel, "chunk"),
             ("decay_keys", chunk_decay_keys_kernel, "chunk"),
@@ -1975,9 +1831,7 @@ def _bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
-        ("bwd_precond_diag_sums", chunk_bwd_precond_diag_sums_kernel, "chunk_hp"),
-        ("bwd_precond_diag_carry", chunk_bwd_precond_diag_carry_kernel, "seq_hp"),
-        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "chunk_hp"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
@@ -1994,13 +1848,9 @@ def _cp_bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk", None),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys", None),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
-        ("bwd_precond_diag_sums", chunk_bwd_precond_diag_sums_kernel, "chunk_hp", "aux_first"),
-        ("bwd_precond_diag_carry", chunk_bwd_precond_diag_carry_kernel, "seq_hp", "aux_first"),
-        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "chunk_hp", "aux_first"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp", "aux_first"),
         ("cp_aux", None, "hook", None),
-        ("bwd_precond_diag_sums", chunk_bwd_precond_diag_sums_kernel, "chunk_hp", "aux_again"),
-        ("bwd_precond_diag_carry", chunk_bwd_precond_diag_carry_kernel, "seq_hp", "aux_again"),
-        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "chunk_hp", "aux_again"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp", "aux_again"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
 
@@ -2188,10 +2038,6 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["da_fin"] = fin("A")
     make["da0"] = (N * HP * DK, fp32)
     make["stat_buf"] = (TT * HP * DK, fp32)  # every token's statistic, re-formed by bwd_precond_diag for bwd_inputs
-    # the adjoint's chunk summaries (L'_n, D_n) and the carry C_n entering every chunk (bwd_precond_diag's passes)
-    make["als_buf"] = (NT * HP * DK, fp32)
-    make["adn_buf"] = (NT * HP, fp32)
-    make["aan_buf"] = (NT * HP * DK, fp32)
     make["apinc_buf"] = (TT * HP * DK, fp32)
     make["apdec_buf"] = (run.nkp * TT * HP, fp32)  # one partial sum per block of key channels
     lasts = {}
