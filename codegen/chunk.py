@@ -387,7 +387,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
     return {
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
-        "precond_diag": ["kt_buf", "an_buf", "kl_buf"],
+        "precond_diag": ["kt_buf", "an_buf"],
         "curvature_query": ["qh_buf", "ql_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
         "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
@@ -435,8 +435,6 @@ class _Emitter:
                                                                 and ir.precond.diag.heads == "key") else "value"
         self.q_override: str | None = None  # CCQ, exact ATQ: the stages read q̂ from this buffer
         self.q_lo: str | None = None  # CCQ: and q̂'s remainder from this one (q̂ = qh + ql, in the input dtype)
-        # the diag statistic's k̃ as a pair in the input dtype (k̃ = kt + kl); the exact preconditioner's is fp32
-        self.kt_lo = "kl_buf" if ir.precond.kind == "diag" else None
         self._hi_only = False  # tile(hi_only=True): the q̂ tile is rounded to the input dtype anyway
         # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
         # pass's loop from 769 to 652 SASS instructions (FLA's: 612; H200 0.374 → 0.317 ms for gdn's two calls).
@@ -458,12 +456,8 @@ class _Emitter:
         if name == KTILDE.name:
             hp, nh = ("i_h", "H") if self.kt_heads == "key" else ("i_hv", "HV")
             o_k, m_k, _ = self._kcols
-            off, m = row_offset(rows, nh, hp, 'DK', o_k), f"{mask}[:, None] & {m_k}[None, :]"
-            if self.kt_lo is None:
-                out.append(f"{var} = tl.load(kt_buf + {off}, mask={m}, other=0.)")
-            else:
-                out.append(f"{var} = (tl.load(kt_buf + {off}, mask={m}, other=0.).to(tl.float32) + "
-                           f"tl.load({self.kt_lo} + {off}, mask={m}, other=0.).to(tl.float32))")
+            out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
+                       f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
             return var
         if name == "q__raw":
             name = "q"

@@ -365,13 +365,14 @@ def _precond_output(b: _Builder) -> Operand:
     """ATK writes the write key kw; ATQ writes the read query qp."""
     d = b.ir.precond.diag
     heads = "H" if b.ir.precond.kind == "exact" or (d is not None and d.heads == "key") else "HV"
-    # not one 16-bit store: k̃ = k · f(A) rounded to bf16 raised every pkda gradient's error by about a third (T = 256,
-    # bf16 inputs, interpreter: q 4.03e-3 → 5.31e-3, g 4.79e-3 → 6.15e-3), above FLA's. The diag statistic's k̃ is a
-    # pair in the input dtype instead (rule_precond_diag: kw + kw_lo, as CCQ's q̂); the exact preconditioner's is fp32
+    # fp32, as the chunk module holds them: k̃ = k · f(A) rounded to bf16 raised every pkda gradient's error by about
+    # a third (T = 256, bf16 inputs, interpreter: q 4.03e-3 → 5.31e-3, g 4.79e-3 → 6.15e-3), above FLA's. As a pair in
+    # the input dtype, like CCQ's q̂ (exact, and what made ccq_gdn's kernels faster), k̃ bought pgdn nothing (its kernel
+    # sum 3.346 → 3.325 ms, H200 run 51: the interaction and the output slowed by the second load): not shipped
     if b.s.precond_placement == "write_key":
         if b.exprs["kw"] != KTILDE:
             heads = "HV"
-        return b.new("kw", _shape("B", "T", heads, "dk"), "in" if b.s.precond == "diag" else "fp32")
+        return b.new("kw", _shape("B", "T", heads, "dk"), "fp32")
     out = b.new("qp", _shape("B", "T", heads, "dk"), "fp32")
     b.roles["q_read"] = out.name
     return out
@@ -399,13 +400,8 @@ def rule_precond_diag(b: _Builder) -> None:
     bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "A0": "A0"}
     # An: the statistic's value at every chunk's start (a training forward writes it): the backward re-forms every
     # token's statistic from it, chunk-parallel, where it reads it (8 B per token and head instead of 512)
-    outs = [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"), b.new("An", _shape("B", "NT", heads, "dk"), "fp32")]
-    if b.s.precond_placement == "write_key":
-        # k̃ = kw + kw_lo, kw rounded to the input dtype and kw_lo the remainder (~16 bits in all): an fp32 operand
-        # tile was what slowed the kernels that read it (CCQ's q̂ as such a pair: its reverse state pass 0.61 →
-        # 0.33 ms, run 50), and one 16-bit store is not accurate enough (above)
-        outs.append(b.new("kw_lo", out.shape.replace(" ", ""), "in"))
-    b.add("precond_diag", "precond_diag", bind, outs,
+    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
+                                                 b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]

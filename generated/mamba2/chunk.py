@@ -106,7 +106,8 @@ def _remainder_for(x, hi, ptr, DT_ID: tl.constexpr):
     """What fp32 `x` has beyond `hi` (x rounded by _cast_for), in the element type of `ptr` and rounded toward zero,
     so that hi + it rounds to hi again: a pair x ≈ hi + lo whose matmul operand (rounded to 16 bits) is the one x
     gave. Rounded to nearest, a remainder at half an ulp of hi made hi + lo a tie that rounded away from hi for
-    ~0.1 % of elements (pdn's μ gradient: 1.2e-2 → 1.6e-2, bf16, interpreter)."""
+    ~0.1 % of elements (seen with PDN's k̃ as such a pair, since reverted: pdn's μ gradient 1.2e-2 → 1.6e-2, bf16,
+    interpreter; with this rounding, 1.2e-2 as with the fp32 k̃)."""
     r = x - hi.to(tl.float32)
     if ptr.dtype.element_ty == tl.float32:
         return r
@@ -862,7 +863,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "a", "A_log", "dt_bias"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -874,7 +875,7 @@ _BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("kl_buf", "ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {

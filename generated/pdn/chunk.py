@@ -111,7 +111,8 @@ def _remainder_for(x, hi, ptr, DT_ID: tl.constexpr):
     """What fp32 `x` has beyond `hi` (x rounded by _cast_for), in the element type of `ptr` and rounded toward zero,
     so that hi + it rounds to hi again: a pair x ≈ hi + lo whose matmul operand (rounded to 16 bits) is the one x
     gave. Rounded to nearest, a remainder at half an ulp of hi made hi + lo a tie that rounded away from hi for
-    ~0.1 % of elements (pdn's μ gradient: 1.2e-2 → 1.6e-2, bf16, interpreter)."""
+    ~0.1 % of elements (seen with PDN's k̃ as such a pair, since reverted: pdn's μ gradient 1.2e-2 → 1.6e-2, bf16,
+    interpreter; with this rounding, 1.2e-2 as with the fp32 k̃)."""
     r = x - hi.to(tl.float32)
     if ptr.dtype.element_ty == tl.float32:
         return r
@@ -193,8 +194,8 @@ def chunk_l2norm_kernel(
 # Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
 @triton.jit
 def chunk_precond_diag_kernel(
-    p_gP, p_betaP, p_mu, kt_buf, kl_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
-    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
@@ -233,11 +234,7 @@ def chunk_precond_diag_kernel(
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
-            # k̃ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_precond_diag)
-            b_hi = _cast_for(b_kt, kt_buf, DT_ID)
-            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_hi, mask=m_r[:, None] & m_k[None, :])
-            tl.store(kl_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _remainder_for(b_kt, b_hi, kl_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BT) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
             i_tc += 1
@@ -263,11 +260,7 @@ def chunk_precond_diag_kernel(
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
-            # k̃ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_precond_diag)
-            b_hi = _cast_for(b_kt, kt_buf, DT_ID)
-            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_hi, mask=m_r[:, None] & m_k[None, :])
-            tl.store(kl_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _remainder_for(b_kt, b_hi, kl_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BT) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
@@ -279,8 +272,8 @@ def chunk_precond_diag_kernel(
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, kt_buf, kl_buf, t_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, kt_buf, t_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -329,20 +322,20 @@ def chunk_interaction_kernel(
         # -- row block 0
         _b_e0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
-        _b_a0_ktilde = (tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
         b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_ktilde, 0.)
         L0_0 += _mm(b_e0, tl.trans(b_a0), DT_ID)
         # -- row block 1
         _b_e1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
-        _b_a1_ktilde = (tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
         b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_ktilde, 0.)
         L1_0 += _mm(b_e1, tl.trans(b_a0), DT_ID)
         L1_1 += _mm(b_e1, tl.trans(b_a1), DT_ID)
         # -- row block 2
         _b_e2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
-        _b_a2_ktilde = (tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
         b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_ktilde, 0.)
         L2_0 += _mm(b_e2, tl.trans(b_a0), DT_ID)
         L2_1 += _mm(b_e2, tl.trans(b_a1), DT_ID)
@@ -350,7 +343,7 @@ def chunk_interaction_kernel(
         # -- row block 3
         _b_e3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
-        _b_a3_ktilde = (tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a3_ktilde = tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
         b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_ktilde, 0.)
         L3_0 += _mm(b_e3, tl.trans(b_a0), DT_ID)
         L3_1 += _mm(b_e3, tl.trans(b_a1), DT_ID)
@@ -464,9 +457,9 @@ def chunk_wy_kernel(
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    kt_buf, kl_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    kt_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -530,14 +523,14 @@ def chunk_state_pass_kernel(
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -581,14 +574,14 @@ def chunk_state_pass_kernel(
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             o_k = o_kb
             m_k = o_k < DK
-            _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
@@ -606,7 +599,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    kt_buf, kl_buf, h_buf, vn_buf, o_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    kt_buf, h_buf, vn_buf, o_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -639,7 +632,7 @@ def chunk_output_kernel(
                       mask=m_k[:, None] & m_v[None, :], other=0.)
         _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_o += _mm(b_q, b_h, DT_ID)
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
@@ -651,7 +644,7 @@ def chunk_output_kernel(
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    kt_buf, kl_buf, do_buf, dul_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    kt_buf, do_buf, dul_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -681,7 +674,7 @@ def chunk_bwd_local_values_kernel(
         m_k = o_k < DK
         _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_st += _mm(b_a, tl.trans(b_q), DT_ID)
     b_st = tl.where(m_ge, b_st, 0.)
@@ -694,7 +687,7 @@ def chunk_bwd_local_values_kernel(
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    kt_buf, kl_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, cu_seqlens, chunk_offsets, scale,
+    kt_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -738,7 +731,7 @@ def chunk_bwd_state_kernel(
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_du += _mm(b_a, b_dh0, DT_ID)
 
@@ -747,7 +740,7 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
@@ -791,7 +784,7 @@ def chunk_bwd_state_kernel(
             m_k = o_k < DK
             tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
-            _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
             b_du += _mm(b_a, b_dh0, DT_ID)
 
@@ -800,7 +793,7 @@ def chunk_bwd_state_kernel(
                 m_k = o_k < DK
                 tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
-                _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+                _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
                 b_du += _mm(b_a, b_dh1, DT_ID)
 
@@ -847,9 +840,9 @@ def chunk_bwd_state_kernel(
 #   input dtype (its products round their operands to it anyway), and the per-token shares in fp32; the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
-    p_v, p_beta, kt_buf, kl_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_v, pn_k,
-    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_v, p_beta, kt_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_v, pn_k, cu_seqlens,
+    chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -895,7 +888,7 @@ def chunk_bwd_solve_kernel(
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
@@ -919,10 +912,9 @@ def chunk_bwd_solve_kernel(
 #   dβ = Σ dY ⊙ V' + Σ dM ⊙ L' = bwd_solve's share − Σ_k (E ⊙ e^B) ⊙ dW.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_beta, kt_buf, kl_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dbc_buf, dy_buf,
-    dsg_buf, dlg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    p_beta, kt_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dbc_buf, dy_buf, dsg_buf,
+    dlg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -966,7 +958,7 @@ def chunk_bwd_grad_kernel(
     # tiles)
     _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+    _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
     # Output scores Q̂ ⋆ A. The epilogue is ordered so that each [BT, BK] adjoint is stored, and its share of the
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
@@ -1205,7 +1197,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1217,20 +1209,20 @@ _BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("kl_buf", "ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
-    'chunk_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'kl_buf', 'a0', 'a_out', 'an_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'DT_ID', 'INTERPRET', 'KEEP'),
-    'chunk_interaction_kernel': ('p_beta', 'kt_buf', 'kl_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
+    'chunk_interaction_kernel': ('p_beta', 'kt_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_pass_kernel': ('kt_buf', 'kl_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('kt_buf', 'kl_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('kt_buf', 'kl_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('kt_buf', 'kl_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt_buf', 'kl_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'kl_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('kt_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('kt_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('kt_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_betaP', 'p_mu', 'stat_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
@@ -1267,7 +1259,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "kt_buf", "an_buf", "kl_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "kt_buf", "an_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1386,8 +1378,7 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b = {}
     b["pn_q"] = (TT * H * DK, dt)
     b["pn_k"] = (TT * H * DK, dt)
-    b["kt_buf"] = (TT * HP * DK, dt)  # k̃ = kt + kl, both in the input dtype (compiler/plan.py: rule_precond_diag)
-    b["kl_buf"] = (TT * HP * DK, dt)
+    b["kt_buf"] = (TT * HP * DK, f32)
     if keep:
         b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
     b["t_buf"] = (TT * HV * BT, dt)

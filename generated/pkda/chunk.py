@@ -113,7 +113,8 @@ def _remainder_for(x, hi, ptr, DT_ID: tl.constexpr):
     """What fp32 `x` has beyond `hi` (x rounded by _cast_for), in the element type of `ptr` and rounded toward zero,
     so that hi + it rounds to hi again: a pair x ≈ hi + lo whose matmul operand (rounded to 16 bits) is the one x
     gave. Rounded to nearest, a remainder at half an ulp of hi made hi + lo a tie that rounded away from hi for
-    ~0.1 % of elements (pdn's μ gradient: 1.2e-2 → 1.6e-2, bf16, interpreter)."""
+    ~0.1 % of elements (seen with PDN's k̃ as such a pair, since reverted: pdn's μ gradient 1.2e-2 → 1.6e-2, bf16,
+    interpreter; with this rounding, 1.2e-2 as with the fp32 k̃)."""
     r = x - hi.to(tl.float32)
     if ptr.dtype.element_ty == tl.float32:
         return r
@@ -195,8 +196,8 @@ def chunk_cumsum_kernel(
 # Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
 @triton.jit
 def chunk_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, kt_buf, kl_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
-    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
@@ -235,11 +236,7 @@ def chunk_precond_diag_kernel(
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
-            # k̃ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_precond_diag)
-            b_hi = _cast_for(b_kt, kt_buf, DT_ID)
-            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_hi, mask=m_r[:, None] & m_k[None, :])
-            tl.store(kl_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _remainder_for(b_kt, b_hi, kl_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BT) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
             i_tc += 1
@@ -265,11 +262,7 @@ def chunk_precond_diag_kernel(
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
-            # k̃ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_precond_diag)
-            b_hi = _cast_for(b_kt, kt_buf, DT_ID)
-            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_hi, mask=m_r[:, None] & m_k[None, :])
-            tl.store(kl_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _remainder_for(b_kt, b_hi, kl_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BT) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
@@ -290,7 +283,7 @@ def chunk_precond_diag_kernel(
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
-    p_q, p_k, p_beta, g_buf, kt_buf, kl_buf, t_buf, l_buf, s_buf, cu_seqlens, chunk_indices, H: tl.constexpr,
+    p_q, p_k, p_beta, g_buf, kt_buf, t_buf, l_buf, s_buf, cu_seqlens, chunk_indices, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DT_ID: tl.constexpr, KEEP: tl.constexpr,
 ):
@@ -358,7 +351,7 @@ def chunk_interaction_kernel(
         # -- levels s ≤ 16: every row of the chunk
         _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
-        _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -416,7 +409,7 @@ def chunk_interaction_kernel(
         _h_q_q = tl.load(p_q + (hr32[:, None] * H + i_h) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32)
         h_q = tl.where(mh32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
         h_g = tl.load(g_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.)
-        _l_a_ktilde = (tl.load(kt_buf + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _l_a_ktilde = tl.load(kt_buf + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.)
         l_a = tl.where(ml32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_ktilde, 0.)
         l_g = tl.load(g_buf + (lr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.)
         f_ref = tl.load(g_c + fr32[:, None] * (HV * DK) + o_k[None, :], mask=mf32[:, None] & m_k[None, :], other=0.)
@@ -431,7 +424,7 @@ def chunk_interaction_kernel(
         _h_q_q = tl.load(p_q + (hr64[:, None] * H + i_h) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32)
         h_q = tl.where(mh64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
         h_g = tl.load(g_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.)
-        _l_a_ktilde = (tl.load(kt_buf + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _l_a_ktilde = tl.load(kt_buf + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.)
         l_a = tl.where(ml64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_ktilde, 0.)
         l_g = tl.load(g_buf + (lr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.)
         f_ref = tl.load(g_c + fr64[:, None] * (HV * DK) + o_k[None, :], mask=mf64[:, None] & m_k[None, :], other=0.)
@@ -537,7 +530,7 @@ def chunk_wy_kernel(
 #   round their operands to the input dtype anyway, so the stored operands change no result.
 @triton.jit
 def chunk_decay_keys_kernel(
-    p_q, g_buf, kt_buf, kl_buf, kg_buf, qg_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    p_q, g_buf, kt_buf, kg_buf, qg_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -560,7 +553,7 @@ def chunk_decay_keys_kernel(
         m_rk = m_r[:, None] & m_k[None, :]
         b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-        _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -1013,7 +1006,7 @@ def chunk_bwd_scores_kernel(
 #   db into dg's buffer); bwd_grads adds them to the per-token terms and takes the reverse cumsum.
 @triton.jit
 def chunk_bwd_intra_kernel(
-    p_q, p_k, g_buf, kt_buf, kl_buf, ag_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, cu_seqlens, chunk_indices,
+    p_q, p_k, g_buf, kt_buf, ag_buf, dsq_buf, dsl_buf, pq_buf, pa_buf, pe_buf, cu_seqlens, chunk_indices,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -1037,7 +1030,7 @@ def chunk_bwd_intra_kernel(
     b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
     _b_q_q = tl.load(p_q + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_ktilde = (tl.load(kt_buf + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32))
+    _b_a_ktilde = tl.load(kt_buf + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.)
     b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
     _b_e_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_e = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e_k, 0.)
@@ -1054,7 +1047,7 @@ def chunk_bwd_intra_kernel(
         # masks as tensors (Triton 3.9's interpreter refuses a scalar comparison, or an & of two, as a load's mask)
         ms = tl.where(r_s < eos, o_c < BC, False)
         b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
-        _b_as_ktilde = (tl.load(kt_buf + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32))
+        _b_as_ktilde = tl.load(kt_buf + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
         b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_ktilde, 0.)
         _b_qs_q = tl.load(p_q + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
@@ -1085,7 +1078,7 @@ def chunk_bwd_intra_kernel(
         mj = rj < eos
         if i_j < i_i:
             b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
-            _b_aj_ktilde = (tl.load(kt_buf + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            _b_aj_ktilde = tl.load(kt_buf + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
             b_aj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_ktilde, 0.)
             b_af = b_aj * tl.exp2(tl.minimum(b_r0[None, :] - b_gj, 0.))
             b_dsb = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_j * BC + o_c[None, :], mask=mb[:, None], other=0.)
@@ -1126,10 +1119,10 @@ def chunk_bwd_intra_kernel(
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_beta, g_buf, kt_buf, kl_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ae_buf, aa_buf,
-    abeta_buf, ag_buf, dbc_buf, pq_buf, pa_buf, pe_buf, dx_q, dx_v, cu_seqlens, chunk_indices, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_q, p_k, p_beta, g_buf, kt_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ae_buf, aa_buf, abeta_buf,
+    ag_buf, dbc_buf, pq_buf, pa_buf, pe_buf, dx_q, dx_v, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1176,7 +1169,7 @@ def chunk_bwd_grad_kernel(
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-    _b_a_ktilde = (tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(kl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+    _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
     _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
@@ -1420,7 +1413,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
             "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1432,22 +1425,22 @@ _BUFFERS = ("g_buf", "kt_buf", "kl_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("kl_buf", "ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'kl_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'DT_ID', 'INTERPRET', 'KEEP'),
-    'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 'kl_buf', 't_buf', 'l_buf', 's_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
+    'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_decay_keys_kernel': ('p_q', 'g_buf', 'kt_buf', 'kl_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
+    'chunk_decay_keys_kernel': ('p_q', 'g_buf', 'kt_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'kl_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 'kl_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
@@ -1486,7 +1479,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["g_buf", "kt_buf", "an_buf", "kl_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["g_buf", "kt_buf", "an_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
@@ -1605,8 +1598,7 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b = {}
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
-    b["kt_buf"] = (TT * HP * DK, dt)  # k̃ = kt + kl, both in the input dtype (compiler/plan.py: rule_precond_diag)
-    b["kl_buf"] = (TT * HP * DK, dt)
+    b["kt_buf"] = (TT * HP * DK, f32)
     if keep:
         b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
     b["t_buf"] = (TT * HV * BT, dt)
