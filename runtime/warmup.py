@@ -51,9 +51,10 @@ def parallel_compile_enabled() -> bool:
     return parallel_compile_mode() != "off"
 
 
-def start_compile_workers(count: int | None = None) -> None:
+def start_compile_workers(count: int | None = None, module: tuple[str, str] | None = None) -> None:
     """Start the compile workers of the processes mode, once per process, without waiting for them (a chunk module
-    calls this at import: by the first launch the workers have loaded torch and Triton)."""
+    calls this at import, naming itself in `module` (name, file): by the first launch the workers have loaded torch,
+    Triton's compiler and that module)."""
     _WORKERS[:] = [w for w in _WORKERS if w.poll() is None]  # those gone idle have exited
     if _WORKERS or parallel_compile_mode() != "processes":
         return
@@ -61,8 +62,9 @@ def start_compile_workers(count: int | None = None) -> None:
     env = dict(os.environ, DGPS_PARALLEL_COMPILE="0", DGPS_NO_AUTO_INTERPRET="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     for _ in range(count or min(MAX_WORKERS, os.cpu_count() or 1)):
-        _WORKERS.append(subprocess.Popen([sys.executable, "-m", "dgps.runtime.warmup"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True))
+        _WORKERS.append(subprocess.Popen([sys.executable, "-m", "dgps.runtime.warmup", *(module or ())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         env=env, text=True))
 
 
 def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str, Any]]], key: Hashable,
@@ -101,10 +103,20 @@ def _launcher_cls() -> Any:
     return driver.active.launcher_cls
 
 
-def _build_launcher(compiled: Any) -> None:
+def _launcher_cls_for(target: list) -> Any:
+    """The launcher class of a job's target, without the active driver: a worker that touched `driver.active` first
+    initialised CUDA and built Triton's cuda_utils extension (one more C compile per worker)."""
+    if target[0] == "cuda":
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        return CudaLauncher
+    return _launcher_cls()
+
+
+def _build_launcher(compiled: Any, target: list | None = None) -> None:
     try:
         kernel = compiled.result() if hasattr(compiled, "result") else compiled
-        _launcher_cls()(kernel.src, kernel.metadata)
+        (_launcher_cls_for(target) if target else _launcher_cls())(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 -- the kernel's first launch builds its launcher itself, as without this
         pass
 
@@ -231,6 +243,12 @@ def _worker() -> int:
     does, or after WORKER_IDLE_S without a job (a later launch list of the host starts workers again)."""
     import torch
 
+    if len(sys.argv) == 3:  # the chunk module that started the workers, and Triton's compiler, before the first job
+        try:
+            _import_file(sys.argv[1], sys.argv[2])
+            import triton.compiler  # noqa: F401
+        except Exception:  # noqa: BLE001 -- the job imports what it needs and reports what fails
+            pass
     for line in _lines(sys.stdin.fileno(), WORKER_IDLE_S):
         try:
             job = json.loads(line)
@@ -240,13 +258,14 @@ def _worker() -> int:
                 # CUDA context (eight of them starting at once on one GPU made the first call slower than serial)
                 kwargs = {n: _argument(v, "cpu") for n, v in job["kwargs"].items()}
                 compiled = _compile_for(kernel, kwargs, job["target"])
+                _build_launcher(compiled, job["target"])
             else:
                 kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
                 device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
                 if device is not None and device.type == "cuda":
                     torch.cuda.set_device(device)
                 compiled = kernel.warmup(grid=tuple(job["grid"]), **kwargs)
-            _build_launcher(compiled)  # the kernel and its launcher, both into the shared on-disk cache
+                _build_launcher(compiled)  # the kernel and its launcher, both into the shared on-disk cache
             print("ok", flush=True)
         except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
             print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)

@@ -212,3 +212,25 @@ def test_a_workers_kernel_is_the_one_the_hosts_launch_loads(tmp_path, first: str
         assert counts["by_workers"] >= 1 and counts["by_host"] == 0
     else:
         assert counts == {"by_workers": 0, "by_host": 1}
+
+
+def test_workers_import_the_starting_module_before_their_first_job(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk module starts the workers naming itself: each imports it (and Triton's compiler) while the host still
+    builds its first inputs, not when the first launch list arrives."""
+    import time
+
+    marker = tmp_path / "imported"
+    path = tmp_path / "starting_module.py"
+    path.write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+    monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "1")
+    monkeypatch.setattr(warmup, "_WORKERS", [])
+    warmup.start_compile_workers(1, module=("starting_module_for_warmup", str(path)))
+    try:
+        deadline = time.time() + 120
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert marker.exists() and marker.read_text() == "x"  # imported once, with no job sent
+    finally:
+        for w in warmup._WORKERS:
+            w.stdin.close()
+            w.wait(timeout=60)

@@ -44,7 +44,8 @@ from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
 announce_interpreter()
 if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_available():
-    start_compile_workers()  # DGPS_PARALLEL_COMPILE=1 only: the workers load while the host builds its first inputs
+    # DGPS_PARALLEL_COMPILE=1 only: the workers load this module while the host builds its first inputs
+    start_compile_workers(module=(__name__, __file__))
 NAME = "rwkv7_dplr"
 BT = 64
 BC = 16
