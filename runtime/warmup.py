@@ -15,8 +15,9 @@ find them:
   the shared on-disk cache (TRITON_CACHE_DIR). A worker sees a tensor argument only as its dtype and its 16-byte
   alignment, which is all Triton specialises a kernel on besides the constants; a kernel it could not compile, or
   compiled under another key, is simply compiled by the host at its launch, as without the option. Run 49: the
-  host then only loads (0.45 s of its compiles, 0.01 s of launcher builds), but each list waits ~6 s for its workers
-  (22.9 s in all): opt-in until that wait is understood.
+  host then only loads (0.45 s of its compiles, 0.01 s of launcher builds), but each list waited ~6 s for its
+  workers (22.9 s in all). Since then a worker imports its chunk module and Triton's compiler at start and builds
+  launchers without initialising Triton's CUDA driver; not yet timed on a GPU, so the mode stays opt-in.
 - ``DGPS_PARALLEL_COMPILE=0``: one by one, at each launch.
 """
 
