@@ -445,7 +445,7 @@ def rule_curvature_query(b: _Builder) -> None:
     b.add("curvature_query", "curvature_query", bind, outs,
           centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
           form="corr = (Q C_n + tril(Q K^T) K) / tau" + (" - M (m^T q) / tau^2" if b.ir.read.centered else "") +
-          "; qp = q - lam corr; C_(n+1) = C_n + K^T K")
+          "; qp + qp_lo = q - lam corr; C_(n+1) = C_n + K^T K")
     b.roles["q_read"] = b.roles["qp"]
     b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
