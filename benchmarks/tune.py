@@ -5,8 +5,9 @@
 Each stage's candidates (BK, BV, num_warps, num_stages) are set through the chunk module's
 `LAUNCH_OVERRIDES`, one stage at a time, the others at their defaults; the stage's kernel time is the
 profiler's CUDA time over one forward+backward (median of 3). A stage's sweep runs in its own process, so a
-candidate that faults (Triton 3.6 emits some that do on sm_90) ends only that sweep; the result is
-written to `--json` and copied by hand into the launch table of codegen/templates/chunk_host.jinja.
+candidate that faults (Triton 3.6 emits some that do on sm_90) ends its process, and the sweep goes on with the
+candidates after it in a new one; the result is written to `--json` and copied by hand into the launch table of
+codegen/launch.py.
 """
 
 from __future__ import annotations
@@ -103,6 +104,33 @@ def sweep(spec: str, stage: str, shape: list[int], configs: list[tuple[int, int,
         print(json.dumps({"stage": stage, "config": cfg, "ms": statistics.median(times)}), flush=True)
 
 
+def _run_child(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def sweep_stage(spec: str, stage: str, shape: list[int], todo: list[tuple[int, int, int, int]]
+                ) -> tuple[list[dict], list[tuple[tuple[int, int, int, int], str]]]:
+    """Every candidate of `todo` timed in child processes, in order; a candidate that faults (Triton 3.6 emits some
+    that do on sm_90, and a fault leaves the CUDA context unusable) ends its child, and a new child takes the
+    candidates after it. Returns the timed rows and the faulted candidates with the child's last error line."""
+    rows: list[dict] = []
+    faulted: list[tuple[tuple[int, int, int, int], str]] = []
+    empty = 0  # children in a row that timed nothing: two mean the stage itself fails, not a candidate
+    while todo and empty < 2:
+        cmd = [sys.executable, __file__, spec, "--shape", *map(str, shape), "--child", stage,
+               "--configs", *(",".join(map(str, c)) for c in todo)]
+        proc = _run_child(cmd)
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        rows += got
+        empty = 0 if got else empty + 1
+        if proc.returncode == 0 or len(got) >= len(todo):
+            break
+        err = proc.stderr.strip().splitlines()
+        faulted.append((todo[len(got)], f"exit {proc.returncode}: {err[-1] if err else ''}"))
+        todo = todo[len(got) + 1:]
+    return rows, faulted
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec")
@@ -120,14 +148,12 @@ def main() -> int:
         return 0
     best: dict[str, dict] = {}
     for stage in args.stages:
-        cmd = [sys.executable, __file__, args.spec, "--shape", *map(str, args.shape), "--child", stage,
-               *(["--configs", *args.configs] if args.configs else [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        todo = ([tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs
+                else candidates(stage, args.shape[3]))
+        rows, faulted = sweep_stage(args.spec, stage, args.shape, todo)
         rows = [r for r in rows if r["ms"] > 0]
-        if proc.returncode != 0:
-            print(f"{stage}: sweep stopped (exit {proc.returncode}) after {len(rows)} candidates: "
-                  f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}", flush=True)
+        for cfg, why in faulted:
+            print(f"{stage}: candidate {list(cfg)} faulted ({why}); the sweep went on with the rest", flush=True)
         if rows:
             rows.sort(key=lambda r: r["ms"])
             best[stage] = {"config": rows[0]["config"], "ms": rows[0]["ms"], "all": rows}
