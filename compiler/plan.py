@@ -615,8 +615,11 @@ def _output_in_state_pass(b: _Builder) -> bool:
 
     And only where the query and write key are 16-bit inputs: with a fp32 k̃ (PDN, exact ATK) or q̂ (CCQ, exact ATQ)
     tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the shipped launch setting
-    and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there)."""
-    plain_operands = b.s.precond == "none" and b.s.read == "none"
+    and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there).
+
+    CCQ's q̂ is a pair in the input dtype (rule_curvature_query) whose rounded part is what the fused kernel's
+    matmuls read: a 16-bit tile like gdn's, so its read is fused too."""
+    plain_operands = b.s.precond == "none" and b.s.read in ("none", "curvature")
     return b.s.decay != "vector" and b.family != "untied" and b.s.route != "residual" and plain_operands
 
 
