@@ -431,7 +431,8 @@ def rule_curvature_query(b: _Builder) -> None:
             "n0": "n0"}
     # the sums are an undecayed additive linear attention whose value is the key (§4): tiled as a state pass, C's
     # columns in blocks, one program per block, sequence and key head (λ, per value head, enters only q̂)
-    # q̂ as a pair in the input dtype, q̂ = qp + qp_lo (qp rounded to nearest, qp_lo the remainder, ~16 bits in all):
+    # q̂ as a pair in the input dtype, q̂ = qp + qp_lo (qp rounded to nearest, qp_lo the remainder rounded toward zero,
+    # so that qp + qp_lo rounds back to qp; ~16 bits in all):
     # λ·corr is a small share of q̂ that one 16-bit store would round away where the backward sums q̂ ⊙ dq̂ in fp32,
     # while every matmul consumer rounds its q̂ tile to the input dtype anyway and reads qp alone (as a 16-bit load:
     # an fp32 q̂ tile took ccq_gdn's reverse state pass from 209 to 255 registers and 0.28 to 0.61 ms, run 47; reading
@@ -613,9 +614,9 @@ def _output_in_state_pass(b: _Builder) -> bool:
     accumulator. So do the untied DPLR family (two streams, and per-channel decay only) and the residual route, whose
     R = Z − (E ⊙ e^B) H_n − L′U adds a third product with H_n and the fp32 L′ tile to every step.
 
-    And only where the query and write key are 16-bit inputs: with a fp32 k̃ (PDN, exact ATK) or q̂ (CCQ, exact ATQ)
-    tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the shipped launch setting
-    and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there).
+    And only where the query and write key are 16-bit tiles: with a fp32 k̃ (PDN, exact ATK) or q̂ (exact ATQ; CCQ's
+    before it became a pair) tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the
+    shipped launch setting and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there).
 
     CCQ's q̂ is a pair in the input dtype (rule_curvature_query) whose rounded part is what the fused kernel's
     matmuls read: a 16-bit tile like gdn's, so its read is fused too."""

@@ -94,21 +94,11 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
 
 
 def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noqa: ANN001
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
+    from .warmup import _compile_for
 
-    target = GPUTarget(*HOPPER)
-    backend = make_backend(target)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = {**kwargs, "debug": False}
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    src = ASTSource(fn, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=target, options=options.__dict__)
+    compiled = _compile_for(fn, kwargs, HOPPER, args)  # as the package's own launch would specialise it
     regs, spills = _resource_usage(compiled.asm["cubin"])
-    config = f"warps={options.num_warps} stages={options.num_stages}"
+    config = f"warps={compiled.metadata.num_warps} stages={compiled.metadata.num_stages}"
     return regs, spills, int(compiled.metadata.shared), config
 
 

@@ -98,26 +98,22 @@ def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str,
     return True
 
 
-def _launcher_cls() -> Any:
+def _launcher_cls(target: list | None = None) -> Any:
+    """The launcher class: a worker's CUDA target's directly (touching `driver.active` would initialise CUDA and build
+    Triton's cuda_utils extension, one more C compile per worker), else the active driver's."""
+    if target is not None and target[0] == "cuda":
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        return CudaLauncher
     from triton.runtime.driver import driver
 
     return driver.active.launcher_cls
 
 
-def _launcher_cls_for(target: list) -> Any:
-    """The launcher class of a job's target, without the active driver: a worker that touched `driver.active` first
-    initialised CUDA and built Triton's cuda_utils extension (one more C compile per worker)."""
-    if target[0] == "cuda":
-        from triton.backends.nvidia.driver import CudaLauncher
-
-        return CudaLauncher
-    return _launcher_cls()
-
-
 def _build_launcher(compiled: Any, target: list | None = None) -> None:
     try:
         kernel = compiled.result() if hasattr(compiled, "result") else compiled
-        (_launcher_cls_for(target) if target else _launcher_cls())(kernel.src, kernel.metadata)
+        _launcher_cls(target)(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 -- the kernel's first launch builds its launcher itself, as without this
         pass
 
@@ -203,10 +199,11 @@ def _argument(value: Any, device: str | None = None) -> Any:
     return base if value["aligned"] else base[1:]
 
 
-def _compile_for(kernel: Any, kwargs: dict[str, Any], target: list) -> Any:
-    """What `kernel.warmup(**kwargs)` compiles, for `target` and without a GPU: the arguments bound, specialised and
-    packed as JITFunction.run does (Triton 3.6-3.9), so the on-disk cache key is the one the host's launch computes
-    and that launch loads the result instead of compiling."""
+def _compile_for(kernel: Any, kwargs: dict[str, Any], target: Sequence, args: tuple = ()) -> Any:
+    """What `kernel.warmup(*args, **kwargs)` compiles, for `target` and without a GPU: the arguments bound,
+    specialised and packed as JITFunction.run does (Triton 3.6-3.9), so the on-disk cache key is the one the host's
+    launch computes and that launch loads the result instead of compiling (runtime/report.py compiles its sm_90
+    report the same way)."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile, make_backend
@@ -218,7 +215,7 @@ def _compile_for(kernel: Any, kwargs: dict[str, Any], target: list) -> Any:
     kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(**kwargs)
+    bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return compile(ASTSource(kernel, signature, constexprs, attrs), target=target_, options=options.__dict__)
 
@@ -256,7 +253,7 @@ def _worker() -> int:
             kernel = getattr(_import_file(job["module"], job["file"]), job["kernel"])
             if job.get("target") and hasattr(kernel, "_pack_args"):
                 # host tensors stand in as CPU tensors of the same dtype and alignment: the worker never creates a
-                # CUDA context (eight of them starting at once on one GPU made the first call slower than serial)
+                # CUDA context (run 47: with eight of them, on one GPU, the first call was slower than serial)
                 kwargs = {n: _argument(v, "cpu") for n, v in job["kwargs"].items()}
                 compiled = _compile_for(kernel, kwargs, job["target"])
                 _build_launcher(compiled, job["target"])

@@ -57,7 +57,7 @@ def test_threads_mode_builds_every_kernels_launcher(monkeypatch: pytest.MonkeyPa
             raise RuntimeError("no C compiler")
         built.append((src, metadata))
 
-    monkeypatch.setattr(warmup, "_launcher_cls", lambda: launcher)
+    monkeypatch.setattr(warmup, "_launcher_cls", lambda target=None: launcher)
     launches = [(Kernel(n), (1,), {"x": 1}) for n in ("a", "bad", "b")]
     assert warmup.compile_in_parallel(launches, ("test_threads_mode_builds_every_kernels_launcher",), workers=2)
     assert sorted(built) == [("src a", "meta a"), ("src b", "meta b")]
