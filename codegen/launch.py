@@ -39,7 +39,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # instructions per program; BK 32 / 4 warps 255 + 40 B spill (46.7 K); 8 warps put every warp on the
             # batched products' batch dimension (255 registers, 79 K: replicated products); 2 warps spill 144-816 B.
             # The row-block form before it: BK 32 / 2 warps, 255 + 64 B spill, 55.8 K; H200, kda 0.665 ms (run 32).
-            # Not yet timed on the H200
+            # H200 (run 50, profiler): kda 0.678 ms (row blocks 0.671), gla 0.308 (0.345), gdn2 0.662 (0.686), pkda
+            # 0.725 (0.704): occupancy unchanged, the per-element work of each level now what costs
             return min(16, BK), bv_full, 4, 1
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
