@@ -9,4 +9,7 @@ echo "== cold start"
 timeout 120 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 1 --cold-start-modes processes threads --json $OUT/cold53.json 2>&1 | grep -A3 "cold start"
 echo "== variants"
 timeout 200 python3 benchmarks/bench_fla.py --systems --variants scalar --profile --json $OUT/run53_variants.json 2>&1 | grep -v -i warn | tail -4
+
+echo "== kda's interaction by sections"
+timeout 120 python3 benchmarks/kernel_sections.py --system kda --kernel chunk_interaction_kernel --cut "-- levels s" "-- level 32" "-- level 64" "-- triangular_solve" "level 32: the inverses" --set BK=32 BK=64 KEEP=0 num_warps=8 2>&1 | grep -v -i warn | tail -14
 echo "== done"
