@@ -651,6 +651,8 @@ def _context(ir: IR) -> dict:
                                     for ph in ("once", "aux", "after_aux", "transition", "final")},
                value_inputs=[d.name for d in ir.inputs if d.vector == "value"])
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
+    # decay_keys run inside the interaction's launch (the plan decides): its Kg and Qg come from the scores' tiles
+    ctx["decay_keys_in_interaction"] = any(launch_of(st) == "interaction" for st in plan.find("decay_keys"))
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:

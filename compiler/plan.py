@@ -538,9 +538,11 @@ def rule_decay_keys(b: _Builder) -> None:
         b.add("decay_keys", "decay_keys", {"F": b.op("f"), "A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
               form="Fg = F e^(b_c - B), Kg = W e^(b_c - B), Qg = Q e^B")
         return
+    # Tied and additive: the interaction loads the same A, Q and b tiles of every row for its scores, so it stores
+    # Kg and Qg from them (its own launch had read k, q and the fp32 b again: ~0.1 ms of kda's forward on the H200).
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
     b.add("decay_keys", "decay_keys", {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
-          form="Kg = A e^(b_c - B), Qg = Q e^B")
+          form="Kg = A e^(b_c - B), Qg = Q e^B", fused="interaction")
 
 
 def _streams(b: _Builder) -> tuple[tuple[str, str], ...]:

@@ -215,8 +215,9 @@ def chunk_cumsum_kernel(
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, g_buf, t_buf, l_buf, s_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -233,6 +234,7 @@ def chunk_interaction_kernel(
     o_h = tl.arange(0, 32)
     rows = t0 + o_t
     m_r = rows < eos
+    last = t0 + tl.minimum(eos - t0, BT) - 1
     # the references' rows relative to the chunk (int32 offsets from the chunk's first row of this head)
     g_c = g_buf + (t0 * HV + i_hv) * DK
     # the diagonal blocks' [4, 16, 16] indices
@@ -288,6 +290,12 @@ def chunk_interaction_kernel(
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
         # the t = j terms of S
         sd += tl.sum(b_q * b_a, 1)
+        # stage decay_keys (fused): the state passes' operands Kg = A ⊙ e^{b_c − B} and Qg = Q̂ ⊙ e^B, from these tiles
+        b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+        tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                 _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+        tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                 _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
         o_ref = (o_t // 16) * 16 + 7
         m_hi = (o_t % 16) >= 8
         b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
@@ -454,43 +462,6 @@ def chunk_wy_kernel(
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
         tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
-# ---- stage decay_keys (per-channel decay): the decayed key and query operands of the state passes, per chunk -------
-#   Kg = A ⊙ e^{b_c − B} (to the chunk's end) and Qg = Q̂ ⊙ e^B, stored in the input dtype: the passes over chunks
-#   load them instead of the fp32 gates and two exponentials per tile, off their sequential path. The matmuls there
-#   round their operands to the input dtype anyway, so the stored operands change no result.
-@triton.jit
-def chunk_decay_keys_kernel(
-    g_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    last = t0 + tl.minimum(eos - t0, BT) - 1
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        m_rk = m_r[:, None] & m_k[None, :]
-        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-        _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                 _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_rk)
-        tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                 _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_rk)
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
@@ -1262,9 +1233,8 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_decay_keys_kernel': ('g_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 'g_buf', 'l_buf', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('l_buf', 's_buf', 'do_buf', 'dr_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1284,7 +1254,6 @@ def _kernels():
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
-        ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1303,7 +1272,6 @@ def _rerun_kernels(kept):
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
-        ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
@@ -1559,7 +1527,6 @@ def _cp_kernels():
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
             ("wy", chunk_wy_kernel, "chunk"),
-            ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ],
         "aux": [
         ],
