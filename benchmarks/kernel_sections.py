@@ -6,7 +6,9 @@
 The package's forward (and backward) runs once with Triton's launcher wrapped, recording the kernel's bound
 arguments and grid. Each variant is the generated module's source with the block under one marker comment
 deleted (up to the next marker at the same indentation, a dedent, or the next kernel), compiled from a copy on
-disk and launched on the recorded arguments; `--set` relaunches the original with a constexpr changed. The cut
+disk and launched on the recorded arguments; `--set` relaunches the original with a constexpr changed; `--patch
+MODULE.NAME=VALUE` renders the module again with a codegen or plan constant changed (its own launch recorded the same
+way), e.g. `--patch dgps.compiler.plan.VECTOR_DIAG_FORM=bounded`. The cut
 variants compute wrong values: only their times mean anything, as upper bounds of what each section costs
 (a cut can also free registers). Medians of `triton.testing.do_bench`, interleaved over `--rounds`.
 """
@@ -63,6 +65,7 @@ def main() -> int:
     p.add_argument("--kernel", default="chunk_interaction_kernel")
     p.add_argument("--cut", nargs="*", default=[])
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE constexpr overrides, one variant each")
+    p.add_argument("--patch", nargs="*", default=[], help="MODULE.NAME=VALUE: the module rendered with it, one variant each")
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--T", type=int, default=4096)
     p.add_argument("--H", type=int, default=16)
@@ -70,28 +73,32 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     rec = dgps.load(str(ROOT / "specs" / f"{a.system}.dgps"))
-    mod = load_chunk(rec.ir)
     x = {k: v.to(torch.bfloat16).cuda() for k, v in rec.random_inputs(a.B, a.T, a.H, a.D, a.D, seed=0).items()}
-    calls: list = []
     orig_run = JITFunction.run
 
-    def record(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
-        if self.__name__ == a.kernel and not calls:
-            calls.append((args, grid, dict(kwargs)))
-        return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    def recorded(mod) -> tuple:  # noqa: ANN001
+        """(args, grid, kwargs) of the kernel's first launch by `mod`'s training forward (and backward)."""
+        calls: list = []
 
-    JITFunction.run = record  # type: ignore[method-assign]
-    try:
-        fwd, kept = mod.chunk_forward_train(x)
+        def record(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
+            if self.__name__ == a.kernel and not calls:
+                calls.append((args, grid, dict(kwargs)))
+            return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        JITFunction.run = record  # type: ignore[method-assign]
+        try:
+            fwd, kept = mod.chunk_forward_train(x)
+            if not calls:
+                mod.chunk_backward(x, do=torch.randn_like(fwd.o), kept=kept)
+        finally:
+            JITFunction.run = orig_run  # type: ignore[method-assign]
+        torch.cuda.synchronize()
         if not calls:
-            do = torch.randn_like(fwd.o)
-            mod.chunk_backward(x, do=do, kept=kept)
-    finally:
-        JITFunction.run = orig_run  # type: ignore[method-assign]
-    torch.cuda.synchronize()
-    if not calls:
-        p.error(f"{a.system} launched no {a.kernel}")
-    args, grid, kwargs = calls[0]
+            p.error(f"{a.system} launched no {a.kernel}")
+        return calls[0]
+
+    mod = load_chunk(rec.ir)
+    base_args, base_grid, base_kwargs = recorded(mod)
     src = Path(mod.__file__).read_text()
     variants: dict[str, object] = {"whole": getattr(mod, a.kernel)}
     tmp = Path(tempfile.mkdtemp())
@@ -100,9 +107,23 @@ def main() -> int:
         path.write_text(cut_source(src, a.kernel, marker))
         variants[f"cut {marker!r}"] = getattr(load_module(path, f"dgps_cut{i}"), a.kernel)
     overrides = {f"set {s}": dict([s.split("=", 1)]) for s in a.set}
+    own: dict[str, tuple] = {}  # variant -> its own recorded launch
+    for spec in a.patch:
+        target, value = spec.split("=", 1)
+        modname, attr = target.rsplit(".", 1)
+        owner = importlib.import_module(modname)
+        old = getattr(owner, attr)
+        setattr(owner, attr, type(old)(value) if not isinstance(old, str) else value)
+        try:
+            pmod = load_chunk(rec.ir)
+            own[f"patch {spec}"] = recorded(pmod)
+            variants[f"patch {spec}"] = getattr(pmod, a.kernel)
+        finally:
+            setattr(owner, attr, old)
 
     def launcher(name: str):  # noqa: ANN202
         fn = variants.get(name, variants["whole"])
+        args, grid, kwargs = own.get(name, (base_args, base_grid, base_kwargs))
         kw = dict(kwargs)
         for k, v in overrides.get(name, {}).items():
             kw[k] = bool(int(v)) if isinstance(kw.get(k), bool) else int(v)
@@ -118,7 +139,7 @@ def main() -> int:
         for n in names:
             times[n].append(triton.testing.do_bench(runs[n], warmup=10, rep=40))
     base = statistics.median(times["whole"])
-    print(f"{a.system} {a.kernel} B={a.B} T={a.T} H={a.H} D={a.D} grid={grid}")
+    print(f"{a.system} {a.kernel} B={a.B} T={a.T} H={a.H} D={a.D} grid={base_grid}")
     for n in names:
         t = statistics.median(times[n])
         print(f"  {n:40s} {t:.4f} ms  ({t - base:+.4f})")

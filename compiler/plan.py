@@ -468,12 +468,25 @@ def _brow(b: _Builder) -> str | None:
 MATRIX = "[B,NT,HV,C,C]"
 
 
+# How the per-channel interaction forms its diagonal 16×16 blocks (chunk_interaction_vector.jinja):
+#   "levels"   one product per halving (8, 4, 2, 1) with the reference at each pair block's middle: every factor
+#              e^{−|b − r|} ≤ 1 for any log-gates;
+#   "bounded"  where every key channel decays by at most 2^DIAG_RANGE_LOG2 over each 16-token block of the chunk (read
+#              from the gates at run time, per chunk), one product per block with the reference before the block's
+#              first row: row factors e^{b_t − r} ≤ 1, column factors e^{r − b_j} ≤ 2^DIAG_RANGE_LOG2, no overflow and
+#              no underflow in fp32, the same products to rounding; other chunks take the levels.
+VECTOR_DIAG_FORM = "levels"
+DIAG_RANGE_LOG2 = 64
+
+
 def rule_interaction(b: _Builder) -> None:
     # Vector decay forms the output's decayed scores Q⋆A here too (sub-chunk references need the
     # per-channel gates of both sides); scalar and no decay leave them to the output stage (one mask).
     scores = b.s.decay == "vector" and b.family != "untied"
     attrs = dict(decay=b.s.decay, subchunk=_subchunk(b), sub_chunk=b.sub_chunk,
                  row_decay="exclusive" if b.op("bx") else "inclusive", family=b.family)
+    if scores:
+        attrs["diag_blocks"] = VECTOR_DIAG_FORM
     if b.family == "additive":
         if scores:
             b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
