@@ -1,0 +1,103 @@
+"""The per-channel interaction's two forms of its diagonal 16×16 blocks (compiler/plan.py: VECTOR_DIAG_FORM).
+
+"bounded" takes one product per block where every channel of a key block decays by at most 2^DIAG_RANGE_LOG2 over
+each 16-token block of the chunk, and the four levels elsewhere; "levels" always takes the levels. Both against the
+float64 reference (TRITON_INTERPRET=1), and against each other: where every chunk fails the bound the two forms run
+the same code and agree bit for bit, where the bound holds they differ by rounding only (so the bounded products
+were taken), and without the bound the strong gates overflow (so the check is what keeps the form exact).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import dgps  # noqa: E402
+from dgps.compiler import plan as plan_module  # noqa: E402
+from dgps.runtime.compile import load_chunk  # noqa: E402
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return (a - b).norm().item() / max(b.norm().item(), 1e-300)
+
+
+def _inputs(rec: dgps.Recurrence, T: int, gate_scale: tuple[tuple[int, int, float], ...] = (), seed: int = 0) -> dict:
+    x = rec.random_inputs(1, T, 1, 32, 32, 2, seed=seed)
+    for d in rec.ir.inputs:
+        if d.domain == "log_gate" and not d.is_param:
+            for start, stop, scale in gate_scale:
+                x[d.name][:, start:stop] = x[d.name][:, start:stop] * scale
+    return {k: v.float() for k, v in x.items()}
+
+
+def _run(rec: dgps.Recurrence, x: dict, form: str, monkeypatch: pytest.MonkeyPatch, cu: list[int] | None = None):
+    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", form)
+    mod = load_chunk(rec.ir)
+    cu_t = torch.tensor(cu, dtype=torch.int32) if cu is not None else None
+    return mod.chunk_forward(x, output_final_state=True, cu_seqlens=cu_t)
+
+
+def _reference(rec: dgps.Recurrence, x: dict, cu: list[int] | None = None):
+    cu_t = torch.tensor(cu, dtype=torch.int32) if cu is not None else None
+    return rec.reference(output_final_state=True, cu_seqlens=cu_t, **{k: v.double() for k, v in x.items()})
+
+
+def test_the_plan_prints_the_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "bounded")
+    p = plan_module.build_plan(dgps.load(SPECS / "kda.dgps").ir, 64, 16)
+    assert p.stage("interaction").attr("diag_blocks") == "bounded"
+    assert "diag_blocks=bounded" in plan_module.format_plan(p)
+
+
+@pytest.mark.parametrize("name", ["kda", "gla", "gdn2"])
+def test_bounded_blocks_match_the_reference_and_were_taken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moderate gates (every chunk within the bound), GVA, a ragged last chunk."""
+    rec = dgps.load(SPECS / f"{name}.dgps")
+    x = _inputs(rec, 100)
+    ref = _reference(rec, x)
+    bounded, levels = _run(rec, x, "bounded", monkeypatch), _run(rec, x, "levels", monkeypatch)
+    assert _rel(bounded.o, ref.o) <= 1e-5 and _rel(bounded.final_state["S"], ref.final_state["S"]) <= 1e-5
+    assert not torch.equal(bounded.o, levels.o)  # the bounded products were taken: rounding differs
+
+
+@pytest.mark.parametrize("name", ["kda", "gla"])
+def test_strong_gates_take_the_levels(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Log-gates ~ 20·logsigmoid(z): no 16-token block is within 2^64, so both forms run the levels, bit for bit."""
+    rec = dgps.load(SPECS / f"{name}.dgps")
+    x = _inputs(rec, 80, ((0, 80, 20.0),))
+    ref = _reference(rec, x)
+    bounded, levels = _run(rec, x, "bounded", monkeypatch), _run(rec, x, "levels", monkeypatch)
+    assert torch.isfinite(bounded.o).all() and _rel(bounded.o, ref.o) <= 1e-5
+    assert torch.equal(bounded.o, levels.o)
+
+
+def test_chunks_choose_for_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three sequences packed (varlen), strong gates in the middle one only: its chunks take the levels, the others the
+    bounded products, and all match the reference."""
+    rec = dgps.load(SPECS / "kda.dgps")
+    cu = [0, 70, 150, 200]
+    x = _inputs(rec, 200, ((70, 150, 20.0),), seed=3)
+    ref = _reference(rec, x, cu)
+    out = _run(rec, x, "bounded", monkeypatch, cu)
+    assert torch.isfinite(out.o).all()
+    assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-5
+
+
+def test_without_the_bound_strong_gates_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is what keeps the bounded form exact: allowed any range, the column factors e^{r − b_j} overflow."""
+    rec = dgps.load(SPECS / "kda.dgps")
+    x = _inputs(rec, 80, ((0, 80, 20.0),))
+    ref = _reference(rec, x)
+    monkeypatch.setattr(plan_module, "DIAG_RANGE_LOG2", 10**9)
+    monkeypatch.setattr("dgps.codegen.chunk.DIAG_RANGE_LOG2", 10**9)
+    out = _run(rec, x, "bounded", monkeypatch)
+    assert not (torch.isfinite(out.o).all() and _rel(out.o, ref.o) <= 1e-3)
