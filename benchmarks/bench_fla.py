@@ -76,14 +76,24 @@ def make_inputs(system: str, B: int, T: int, H: int, D: int, seed: int = 0,
     return x
 
 
+def ragged_cu_seqlens(total: int, n: int, seed: int = 0) -> torch.Tensor:
+    """int32 cu_seqlens of `n` sequences of ragged lengths (between half and one and a half of the mean) summing
+    to `total` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    w = 0.5 + torch.rand(n, generator=gen, dtype=torch.float64)
+    cuts = torch.round(torch.cumsum(w, 0) / w.sum() * total).long()
+    return torch.cat([torch.zeros(1, dtype=torch.long), cuts]).to(torch.int32).cuda()
+
+
 def calls(mod) -> dict[str, Callable]:  # noqa: ANN001 - fla.ops or dgps.fla_compat
     """system -> f(x) -> o, one FLA signature per system (the same call for both libraries)."""
     return {
         "simple_gla": lambda x: mod.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"])[0],
         "gla": lambda x: mod.chunk_gla(x["q"], x["k"], x["v"], x["g"])[0],
         "delta_rule": lambda x: mod.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0],
-        "gdn": lambda x: mod.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
-        "kda": lambda x: mod.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+        "gdn": lambda x: mod.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                                    cu_seqlens=x.get("cu_seqlens"))[0],
+        "kda": lambda x: mod.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=x.get("cu_seqlens"))[0],
         "gdn2": lambda x: mod.chunk_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"])[0],
         "precond_gdn": lambda x: mod.chunk_precond_gated_delta_rule(x["q"], x["k"], x["v"], x["g_atk"], x["g"],
                                                                     x["beta_atk"], x["beta"])[0],
@@ -270,6 +280,8 @@ def main() -> int:
     p.add_argument("--cold-start-modes", nargs="+", default=["0", "threads", "processes"],
                    choices=("0", "threads", "processes"), help="DGPS_PARALLEL_COMPILE values to time")
     p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--varlen", type=int, default=0, metavar="N",
+                   help="pack B·T tokens as N ragged sequences in one row (cu_seqlens); system keys get '_varlen'")
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--accuracy", action="store_true",
                    help="errors of o and every gradient against the float64 reference, for each side")
@@ -295,9 +307,14 @@ def main() -> int:
     fqla = flashqla_gdn()
     print(json.dumps({k: result[k] for k in ("date", "commit", "gpu", "torch", "triton", "fla", "shape")}), flush=True)
     for system in args.systems:
-        x = make_inputs(system, B, T, H, D)
+        if args.varlen:
+            x = make_inputs(system, 1, B * T, H, D)
+            cu = ragged_cu_seqlens(B * T, args.varlen)
+            sides = {k: (lambda xx, f=v[system], cu=cu: f({**xx, "cu_seqlens": cu})) for k, v in impls.items()}
+        else:
+            x = make_inputs(system, B, T, H, D)
+            sides = {k: v[system] for k, v in impls.items()}
         do = torch.randn_like(x["v"])
-        sides = {k: v[system] for k, v in impls.items()}
         if system == "gdn" and fqla is not None:
             sides["flashqla"] = fqla
         for name, f in sides.items():  # first calls (compile / cache restore) outside the timing
@@ -325,8 +342,9 @@ def main() -> int:
         if args.accuracy:
             result.setdefault("accuracy", {})[system] = accuracy(system, sides, x, do)
             print(system, "accuracy", json.dumps(result["accuracy"][system]), flush=True)
-        result["systems"][system] = row
-        print(system, json.dumps(row), json.dumps(result["flashqla"].get(system, {})), flush=True)
+        key = f"{system}_varlen" if args.varlen else system
+        result["systems"][key] = row
+        print(key, json.dumps(row), json.dumps(result["flashqla"].get(system, {})), flush=True)
         if args.json:  # after every system, so that a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         del x, do
