@@ -468,14 +468,17 @@ def _brow(b: _Builder) -> str | None:
 MATRIX = "[B,NT,HV,C,C]"
 
 
-# How the per-channel interaction forms its diagonal 16×16 blocks (chunk_interaction_vector.jinja):
-#   "levels"   one product per halving (8, 4, 2, 1) with the reference at each pair block's middle: every factor
-#              e^{−|b − r|} ≤ 1 for any log-gates;
-#   "bounded"  where every key channel decays by at most 2^DIAG_RANGE_LOG2 over each 16-token block of the chunk (read
-#              from the gates at run time, per chunk), one product per block with the reference before the block's
-#              first row: row factors e^{b_t − r} ≤ 1, column factors e^{r − b_j} ≤ 2^DIAG_RANGE_LOG2, no overflow and
-#              no underflow in fp32, the same products to rounding; other chunks take the levels.
-VECTOR_DIAG_FORM = "levels"
+# How the per-channel decay's kernels form the pairs whose exponents the chunk's gates bound (the interaction's
+# scores, chunk_interaction_vector.jinja; bwd_intra's diagonal blocks, chunk_bwd_intra.jinja):
+#   "levels"  the interaction's diagonal 16×16 blocks one product per halving (8, 4, 2, 1), the reference at each pair
+#             block's middle, so every factor e^{−|b − r|} ≤ 1 for any log-gates; bwd_intra's diagonal token by token;
+#   "blocks"  where every channel of a key block decays by at most 2^DIAG_RANGE_LOG2 over a 16-token block (read from
+#             the gates at run time), that block's pairs through one reference, the row before it: row factors ≤ 1,
+#             column factors ≤ 2^DIAG_RANGE_LOG2 (no overflow and no underflow in fp32: the same products to
+#             rounding), one product per block; other blocks as "levels";
+#   "chunk"   "blocks", and where the whole chunk is within the bound, all of the interaction's pairs through one
+#             reference (the chunk's start): one [BT, BK] × [BK, BT] product per matrix and key block.
+VECTOR_DIAG_FORM = "chunk"
 DIAG_RANGE_LOG2 = 64
 
 
@@ -854,8 +857,9 @@ def _bwd_intra(p: Plan) -> Stage | None:
     form = "pair gradients of Q*A" + (" and E*-A" if delta else "") + \
         " on 16x16 sub-blocks: J != I through one reference per block, diagonal blocks token by token; " + \
         ("da_pair holds both roles of the tied keys; " if tied_keys else "") + "db_pair in the buffer of dg"
+    diag = p.stage("interaction").attr("diag_blocks")  # the forward's choice (VECTOR_DIAG_FORM) holds here too
     return Stage("bwd_intra", "bwd_intra", ("dSqa",) + (("dL",) if delta else ()), tuple(outs),
-                 (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
+                 (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk), ("diag_blocks", diag)))
 
 
 def _solve_split(p: Plan) -> bool:

@@ -1,10 +1,11 @@
 """The per-channel interaction's two forms of its diagonal 16×16 blocks (compiler/plan.py: VECTOR_DIAG_FORM).
 
-"bounded" takes one product per block where every channel of a key block decays by at most 2^DIAG_RANGE_LOG2 over
-each 16-token block of the chunk, and the four levels elsewhere; "levels" always takes the levels. Both against the
-float64 reference (TRITON_INTERPRET=1), and against each other: where every chunk fails the bound the two forms run
-the same code and agree bit for bit, where the bound holds they differ by rounding only (so the bounded products
-were taken), and without the bound the strong gates overflow (so the check is what keeps the form exact).
+"levels" always takes the hierarchical references; "blocks" takes one product per 16-token block (interaction and
+bwd_intra) where every channel of a key block decays by at most 2^DIAG_RANGE_LOG2 over it; "chunk" also one product
+for the whole chunk where the chunk is within the bound. Against the float64 reference (TRITON_INTERPRET=1), forward
+and gradients, and against each other: where every block fails the bound the forms run the same code and agree bit for
+bit, where it holds they differ by rounding only (so the bounded products were taken), and without the bound the
+strong gates overflow (so the check is what keeps the forms exact).
 """
 
 from __future__ import annotations
@@ -52,19 +53,25 @@ def _reference(rec: dgps.Recurrence, x: dict, cu: list[int] | None = None):
 
 
 def test_the_plan_prints_the_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "bounded")
+    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "chunk")
     p = plan_module.build_plan(dgps.load(SPECS / "kda.dgps").ir, 64, 16)
-    assert p.stage("interaction").attr("diag_blocks") == "bounded"
-    assert "diag_blocks=bounded" in plan_module.format_plan(p)
+    assert p.stage("interaction").attr("diag_blocks") == "chunk"
+    assert "diag_blocks=chunk" in plan_module.format_plan(p)
+    bp = plan_module.build_backward_plan(p)
+    assert next(st for st in bp.stages if st.kind == "bwd_intra").attr("diag_blocks") == "chunk"
 
 
+@pytest.mark.parametrize("form", ["blocks", "chunk"])
+@pytest.mark.parametrize("scale", [0.05, 1.0])
 @pytest.mark.parametrize("name", ["kda", "gla", "gdn2"])
-def test_bounded_blocks_match_the_reference_and_were_taken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Moderate gates (every chunk within the bound), GVA, a ragged last chunk."""
+def test_bounded_blocks_match_the_reference_and_were_taken(name: str, scale: float, form: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """GVA, a ragged last chunk; gates logsigmoid(z)·scale: at 0.05 every chunk within the bound (the chunk form's
+    one product), at 1 a 64-token chunk mostly not (~−74 in log2) and its 16-token blocks mostly so."""
     rec = dgps.load(SPECS / f"{name}.dgps")
-    x = _inputs(rec, 100)
+    x = _inputs(rec, 100, ((0, 100, scale),))
     ref = _reference(rec, x)
-    bounded, levels = _run(rec, x, "bounded", monkeypatch), _run(rec, x, "levels", monkeypatch)
+    bounded, levels = _run(rec, x, form, monkeypatch), _run(rec, x, "levels", monkeypatch)
     assert _rel(bounded.o, ref.o) <= 1e-5 and _rel(bounded.final_state["S"], ref.final_state["S"]) <= 1e-5
     assert not torch.equal(bounded.o, levels.o)  # the bounded products were taken: rounding differs
 
@@ -75,19 +82,19 @@ def test_strong_gates_take_the_levels(name: str, monkeypatch: pytest.MonkeyPatch
     rec = dgps.load(SPECS / f"{name}.dgps")
     x = _inputs(rec, 80, ((0, 80, 20.0),))
     ref = _reference(rec, x)
-    bounded, levels = _run(rec, x, "bounded", monkeypatch), _run(rec, x, "levels", monkeypatch)
+    bounded, levels = _run(rec, x, "chunk", monkeypatch), _run(rec, x, "levels", monkeypatch)
     assert torch.isfinite(bounded.o).all() and _rel(bounded.o, ref.o) <= 1e-5
     assert torch.equal(bounded.o, levels.o)
 
 
 def test_chunks_choose_for_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three sequences packed (varlen), strong gates in the middle one only: its chunks take the levels, the others the
-    bounded products, and all match the reference."""
+    """Three sequences packed (varlen): gentle gates in the first (the chunk's one product), strong ones in the second
+    (the levels), plain ones in the third (per 16-token block, mostly); all match the reference."""
     rec = dgps.load(SPECS / "kda.dgps")
     cu = [0, 70, 150, 200]
-    x = _inputs(rec, 200, ((70, 150, 20.0),), seed=3)
+    x = _inputs(rec, 200, ((0, 70, 0.05), (70, 150, 20.0)), seed=3)
     ref = _reference(rec, x, cu)
-    out = _run(rec, x, "bounded", monkeypatch, cu)
+    out = _run(rec, x, "chunk", monkeypatch, cu)
     assert torch.isfinite(out.o).all()
     assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-5
 
@@ -99,5 +106,24 @@ def test_without_the_bound_strong_gates_overflow(monkeypatch: pytest.MonkeyPatch
     ref = _reference(rec, x)
     monkeypatch.setattr(plan_module, "DIAG_RANGE_LOG2", 10**9)
     monkeypatch.setattr("dgps.codegen.chunk.DIAG_RANGE_LOG2", 10**9)
-    out = _run(rec, x, "bounded", monkeypatch)
+    out = _run(rec, x, "chunk", monkeypatch)
     assert not (torch.isfinite(out.o).all() and _rel(out.o, ref.o) <= 1e-3)
+
+
+@pytest.mark.parametrize("form", ["blocks", "chunk"])
+@pytest.mark.parametrize("name", ["kda", "gla"])
+def test_gradients_through_the_bounded_forms(name: str, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every input gradient (bwd_intra's diagonal blocks as products) against float64 autograd through the reference,
+    gates gentle in the first chunk, plain after it."""
+    rec = dgps.load(SPECS / f"{name}.dgps")
+    x = _inputs(rec, 100, ((0, 64, 0.05),), seed=5)
+    do = torch.randn(1, 100, 2, 32, generator=torch.Generator().manual_seed(6))
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    ref = rec.reference(**x64)
+    want = torch.autograd.grad((ref.o * do.double()).sum(), list(x64.values()))
+    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", form)
+    mod = load_chunk(rec.ir)
+    _, kept = mod.chunk_forward_train(x)
+    got, _ = mod.chunk_backward(x, do=do, kept=kept)
+    for (k, _), w in zip(x64.items(), want, strict=True):
+        assert _rel(got[k], w) <= 1e-5, (k, _rel(got[k], w))

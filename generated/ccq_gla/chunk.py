@@ -151,6 +151,16 @@ def _mm_tf32(a, b, DT_ID: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _mm_tf32x3(a, b, DT_ID: tl.constexpr):
+    """fp32 operands as three tf32 products (hi·hi + hi·lo + lo·hi: ~fp32 accuracy) for 16-bit inputs, where a
+    product replaces a loop of fp32 FMAs; the interpreter and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
 # ---- stage l2norm: q, k -> x / sqrt(‖x‖² + 1e-06), once, in the input dtype --------
 # Every later stage (forward and backward) reads the normalised rows from pn_<name> with BK-wide loads,
 # so no kernel needs a full key row only to normalise it.
@@ -504,92 +514,142 @@ def chunk_interaction_kernel(
     S64 = tl.zeros([32, 32], dtype=tl.float32)
     Sd = tl.zeros([4, BC, BC], dtype=tl.float32)
     sd = tl.zeros([BT], dtype=tl.float32)
+    # the 4 diagonal blocks' last valid rows (relative to the chunk), and their strictly lower pairs
+    o_n = tl.arange(0, 4)
+    m_n = t0 + o_n * BC < eos
+    n_last = tl.minimum(o_n * BC + BC - 1, eos - t0 - 1)
+    m_lt = (o_c[:, None] > o_c[None, :])[None, :, :]
+    # Where every key channel decays by at most 2^64 over the whole chunk (0 − b at its last valid row;
+    # b is the chunk-local cumsum), one reference for the chunk, r = 0: row factors e^{b_t} ≤ 1, column factors
+    # e^{−b_j} ≤ 2^64 (no overflow, no underflow in fp32: the same products to rounding), one [BT, BK] ×
+    # [BK, BT] product per matrix and key block, the solve's blocks taken from the result; else the levels.
+    m_span = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        # -- levels s ≤ 16: every row of the chunk
-        _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        # the t = j terms of S
-        sd += tl.sum(b_q * b_a, 1)
-        # stage decay_keys (fused): the state passes' operands Kg = A ⊙ e^{b_c − B} and Qg = Q̂ ⊙ e^B, from these tiles
-        b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-        tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                 _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
-        tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                 _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
-        o_ref = (o_t // 16) * 16 + 7
-        m_hi = (o_t % 16) >= 8
-        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
-        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
-        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
-        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 16)[None, :, :]
-        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
-                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
-        o_ref = (o_t // 8) * 8 + 3
-        m_hi = (o_t % 8) >= 4
-        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
-        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
-        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
-        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 8)[None, :, :]
-        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
-                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
-        o_ref = (o_t // 4) * 4 + 1
-        m_hi = (o_t % 4) >= 2
-        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
-        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
-        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
-        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 4)[None, :, :]
-        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
-                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
-        o_ref = (o_t // 2) * 2 + 0
-        m_hi = (o_t % 2) >= 1
-        b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
-        # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
-        d_ref = tl.exp2(-tl.abs(b_g - b_ref))
-        a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
-        m_pair = ((o_c[:, None] ^ o_c[None, :]) < 2)[None, :, :]
-        Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
-                                        tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
-        # -- level 32: the later half-block rows (Q) against the earlier ones (A); the decayed operands
-        # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
-        _h_q_q = (tl.load(qh_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        h_q = tl.where(mh32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
-        h_g = tl.load(g_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.)
-        _l_a_k = tl.load(pn_k + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        l_a = tl.where(ml32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
-        l_g = tl.load(g_buf + (lr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.)
-        f_ref = tl.load(g_c + fr32[:, None] * (HV * DK) + o_k[None, :], mask=mf32[:, None] & m_k[None, :], other=0.)
-        d_hi = tl.exp2(-tl.abs(h_g - f_ref))
-        a_lo = tl.permute(tl.reshape(l_a * tl.exp2(-tl.abs(l_g - f_ref)), [2, 16, BK]), (0, 2, 1))
-        S32 += _mm_tf32(tl.reshape(h_q * d_hi, [2, 16, BK]), a_lo, DT_ID)
-        # -- level 64: the later half-block rows (Q) against the earlier ones (A); the decayed operands
-        # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
-        _h_q_q = (tl.load(qh_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        h_q = tl.where(mh64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
-        h_g = tl.load(g_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.)
-        _l_a_k = tl.load(pn_k + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        l_a = tl.where(ml64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
-        l_g = tl.load(g_buf + (lr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.)
-        f_ref = tl.load(g_c + fr64[:, None] * (HV * DK) + o_k[None, :], mask=mf64[:, None] & m_k[None, :], other=0.)
-        d_hi = tl.exp2(-tl.abs(h_g - f_ref))
-        a_lo = tl.trans(l_a * tl.exp2(-tl.abs(l_g - f_ref)))
-        S64 += _mm_tf32(h_q * d_hi, a_lo, DT_ID)
-    # the decayed output scores Q ⋆ A (zero above the diagonal)
-    Sd += tl.where(o_c[:, None] == o_c[None, :], tl.reshape(sd, [4, BC])[:, :, None], 0.)
-    tl.store(s_buf + (d_row * HV + i_hv) * BT + d_col, _cast_for(Sd, s_buf, DT_ID), mask=m_d)
-    tl.store(s_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, _cast_for(S32, s_buf, DT_ID), mask=lo_row32 < eos)
-    tl.store(s_buf + (up_row32 * HV + i_hv) * BT + up_col32, tl.zeros([2, 16, 16], dtype=tl.float32).to(s_buf.dtype.element_ty),
-             mask=up_row32 < eos)
-    tl.store(s_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, _cast_for(S64, s_buf, DT_ID), mask=lo_row64 < eos)
-    tl.store(s_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32).to(s_buf.dtype.element_ty),
-             mask=up_row64 < eos)
+        m_span = tl.maximum(m_span, -tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=o_k < DK, other=0.),
+                            propagate_nan=tl.PropagateNan.ALL)
+    # an elementwise test, then its minimum: a NaN span (−∞ − (−∞)) fails it, where a max-reduction might drop it
+    if tl.min((m_span <= 64).to(tl.int32), 0) == 1:
+        m_le = o_t[:, None] >= o_t[None, :]
+        S_f = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            # stage decay_keys (fused): the state passes' operands Kg = A ⊙ e^{b_c − B} and Qg = Q̂ ⊙ e^B, from these tiles
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            d_dn = tl.exp2(b_g)
+            a_up = tl.trans(b_a * tl.exp2(-b_g))
+            S_f += _mm_tf32(b_q * d_dn, a_up, DT_ID)
+        tl.store(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_le, S_f, 0.), s_buf, DT_ID),
+                 mask=m_r[:, None])
+    else:
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            # -- levels s ≤ 16: every row of the chunk
+            _b_a_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            _b_q_q = (tl.load(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+            # stage decay_keys (fused): the state passes' operands Kg = A ⊙ e^{b_c − B} and Qg = Q̂ ⊙ e^B, from these tiles
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            # the t = j terms of S
+            sd += tl.sum(b_q * b_a, 1)
+            # the diagonal blocks: where every channel of this key block decays by at most 2^64 over each
+            # 16-token block (b_r − b_last, the reference r the row before the block: 0 at the chunk's start), one product
+            # per block, e^{b_t − r} ≤ 1 on the rows and e^{r − b_j} ≤ 2^64 on the columns; else the levels
+            b_r = tl.load(g_c + (o_n * BC - 1)[:, None] * (HV * DK) + o_k[None, :],
+                          mask=((o_n > 0) & (t0 + o_n * BC - 1 < eos))[:, None] & m_k[None, :], other=0.)
+            b_last = tl.load(g_c + n_last[:, None] * (HV * DK) + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.)
+            if tl.min(tl.min((b_r - b_last <= 64).to(tl.int32), 1), 0) == 1:
+                g_rel = tl.reshape(b_g, [4, BC, BK]) - b_r[:, None, :]
+                d_dn = tl.exp2(g_rel)
+                a_up = tl.permute(tl.reshape(b_a, [4, BC, BK]) * tl.exp2(-g_rel), (0, 2, 1))
+                Sd += tl.where(m_lt, _mm_tf32(tl.reshape(b_q, [4, BC, BK]) * d_dn, a_up, DT_ID), 0.)
+            else:
+                o_ref = (o_t // 16) * 16 + 7
+                m_hi = (o_t % 16) >= 8
+                b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+                # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+                d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+                a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+                m_pair = ((o_c[:, None] ^ o_c[None, :]) < 16)[None, :, :]
+                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                                tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+                o_ref = (o_t // 8) * 8 + 3
+                m_hi = (o_t % 8) >= 4
+                b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+                # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+                d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+                a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+                m_pair = ((o_c[:, None] ^ o_c[None, :]) < 8)[None, :, :]
+                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                                tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+                o_ref = (o_t // 4) * 4 + 1
+                m_hi = (o_t % 4) >= 2
+                b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+                # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+                d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+                a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+                m_pair = ((o_c[:, None] ^ o_c[None, :]) < 4)[None, :, :]
+                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                                tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+                o_ref = (o_t // 2) * 2 + 0
+                m_hi = (o_t % 2) >= 1
+                b_ref = tl.load(g_c + o_ref[:, None] * (HV * DK) + o_k[None, :], mask=(t0 + o_ref < eos)[:, None] & m_k[None, :], other=0.)
+                # one exponential per level: e^{b_t − r} on the second halves, e^{r − b_j} on the first
+                d_ref = tl.exp2(-tl.abs(b_g - b_ref))
+                a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
+                m_pair = ((o_c[:, None] ^ o_c[None, :]) < 2)[None, :, :]
+                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                                                tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
+            # -- level 32: the later half-block rows (Q) against the earlier ones (A); the decayed operands
+            # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
+            _h_q_q = (tl.load(qh_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            h_q = tl.where(mh32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
+            h_g = tl.load(g_buf + (hr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh32[:, None] & m_k[None, :], other=0.)
+            _l_a_k = tl.load(pn_k + (lr32[:, None] * H + i_h) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            l_a = tl.where(ml32[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
+            l_g = tl.load(g_buf + (lr32[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml32[:, None] & m_k[None, :], other=0.)
+            f_ref = tl.load(g_c + fr32[:, None] * (HV * DK) + o_k[None, :], mask=mf32[:, None] & m_k[None, :], other=0.)
+            d_hi = tl.exp2(-tl.abs(h_g - f_ref))
+            a_lo = tl.permute(tl.reshape(l_a * tl.exp2(-tl.abs(l_g - f_ref)), [2, 16, BK]), (0, 2, 1))
+            S32 += _mm_tf32(tl.reshape(h_q * d_hi, [2, 16, BK]), a_lo, DT_ID)
+            # -- level 64: the later half-block rows (Q) against the earlier ones (A); the decayed operands
+            # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
+            _h_q_q = (tl.load(qh_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            h_q = tl.where(mh64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _h_q_q, 0.)
+            h_g = tl.load(g_buf + (hr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mh64[:, None] & m_k[None, :], other=0.)
+            _l_a_k = tl.load(pn_k + (lr64[:, None] * H + i_h) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            l_a = tl.where(ml64[:, None] & m_k[None, :], tl.zeros([32, BK], dtype=tl.float32) + _l_a_k, 0.)
+            l_g = tl.load(g_buf + (lr64[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ml64[:, None] & m_k[None, :], other=0.)
+            f_ref = tl.load(g_c + fr64[:, None] * (HV * DK) + o_k[None, :], mask=mf64[:, None] & m_k[None, :], other=0.)
+            d_hi = tl.exp2(-tl.abs(h_g - f_ref))
+            a_lo = tl.trans(l_a * tl.exp2(-tl.abs(l_g - f_ref)))
+            S64 += _mm_tf32(h_q * d_hi, a_lo, DT_ID)
+        # the decayed output scores Q ⋆ A (zero above the diagonal)
+        Sd += tl.where(o_c[:, None] == o_c[None, :], tl.reshape(sd, [4, BC])[:, :, None], 0.)
+        tl.store(s_buf + (d_row * HV + i_hv) * BT + d_col, _cast_for(Sd, s_buf, DT_ID), mask=m_d)
+        tl.store(s_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, _cast_for(S32, s_buf, DT_ID), mask=lo_row32 < eos)
+        tl.store(s_buf + (up_row32 * HV + i_hv) * BT + up_col32, tl.zeros([2, 16, 16], dtype=tl.float32).to(s_buf.dtype.element_ty),
+                 mask=up_row32 < eos)
+        tl.store(s_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, _cast_for(S64, s_buf, DT_ID), mask=lo_row64 < eos)
+        tl.store(s_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32).to(s_buf.dtype.element_ty),
+                 mask=up_row64 < eos)
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
@@ -1019,26 +1079,6 @@ def chunk_bwd_intra_kernel(
     b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    # the diagonal block token by token, no cross-thread reduction: step s takes token s as the earlier one of its
-    # pairs (column s of dS: dq_t += dS_ts a_s e^{b_t − b_s}, t ≥ s) and as the later one (row s: da_j += dS_sj q_s
-    # e^{b_s − b_j}, j ≤ s); both factors ≤ 1
-    for s in range(0, BC):
-        r_s = t0 + i_i * BC + s
-        rs1 = r_s + tl.arange(0, 1)
-        ms1 = rs1 < eos
-        # masks as tensors (Triton 3.9's interpreter refuses a scalar comparison, or an & of two, as a load's mask)
-        ms = tl.where(r_s < eos, o_c < BC, False)
-        b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
-        _b_as_k = tl.load(pn_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_k, 0.)
-        _b_qs_q = (tl.load(qh_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32))
-        b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
-        b_f = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
-        b_h = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
-        b_sc = tl.load(dsq_buf + rb * (HV * BT) + i_hv * BT + i_i * BC + s, mask=mb, other=0.)[:, None]
-        b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=ms, other=0.)[:, None]
-        b_dq += b_sc * b_as * b_f
-        b_da += b_sr * b_qs * b_h
     # rows of I against the earlier blocks J: r = b at the token before I (e^{b_t − r}, e^{r − b_j} ≤ 1);
     # columns of I against the later blocks J: r' = b at I's last token (a later block exists only where it does)
     r_0 = t0 + i_i * BC - 1
@@ -1046,6 +1086,42 @@ def chunk_bwd_intra_kernel(
                    other=0.)
     r_1 = t0 + i_i * BC + BC - 1
     b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=tl.where(r_1 < eos, m_k, False), other=0.)
+    # the diagonal block: where every channel of this key block decays by at most 2^64 over I (b_r0 − b at
+    # I's last valid token), as products with the one reference r = b_r0: e^{b_t − b_s} = e^{b_t − r} e^{r − b_s}, row
+    # factors ≤ 1 and column factors ≤ 2^64, three tf32 products each (fp32 accuracy, as the token loop's
+    # FMAs); else the token loop
+    r_l = tl.minimum(r_1, eos - 1)
+    b_rl = tl.load(g_buf + (r_l * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+    if tl.min((b_r0 - b_rl <= 64).to(tl.int32), 0) == 1:  # elementwise first: a NaN span fails
+        g_rel = b_g - b_r0[None, :]
+        f_dn = tl.exp2(g_rel)
+        f_up = tl.exp2(-g_rel)
+        m_le = o_c[:, None] >= o_c[None, :]
+        b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :], mask=mb[:, None] & m_le, other=0.)
+        b_dq += f_dn * _mm_tf32x3(b_dsd, b_a * f_up, DT_ID)
+        b_da += f_up * _mm_tf32x3(tl.trans(b_dsd), b_q * f_dn, DT_ID)
+    else:
+        # the diagonal block token by token, no cross-thread reduction: step s takes token s as the earlier one of its
+        # pairs (column s of dS: dq_t += dS_ts a_s e^{b_t − b_s}, t ≥ s) and as the later one (row s: da_j += dS_sj q_s
+        # e^{b_s − b_j}, j ≤ s); both factors ≤ 1
+        for s in range(0, BC):
+            r_s = t0 + i_i * BC + s
+            rs1 = r_s + tl.arange(0, 1)
+            ms1 = rs1 < eos
+            # masks as tensors (Triton 3.9's interpreter refuses a scalar comparison, or an & of two, as a load's mask)
+            ms = tl.where(r_s < eos, o_c < BC, False)
+            b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+            _b_as_k = tl.load(pn_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_as = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_as_k, 0.)
+            _b_qs_q = (tl.load(qh_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32))
+            b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
+            b_f = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
+            b_h = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
+            b_sc = tl.load(dsq_buf + rb * (HV * BT) + i_hv * BT + i_i * BC + s, mask=mb, other=0.)[:, None]
+            b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=ms, other=0.)[:, None]
+            b_dq += b_sc * b_as * b_f
+            b_da += b_sr * b_qs * b_h
+
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
     b_aca = tl.zeros([BC, BK], dtype=tl.float32)
     # a constant trip count (the interpreter takes no tensor range bound); the two sides are uniform branches
