@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--device", default="cuda", help="cpu: the same check under TRITON_INTERPRET=1 (small shapes)")
+    p.add_argument("--gate-scale", type=float, default=1.0,
+                   help="log-gates times this (0.05: every chunk within the per-channel kernels' bounded forms)")
     a = p.parse_args()
     dev = torch.device(a.device)
     if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -46,7 +48,11 @@ def main() -> int:
     for name in a.systems:
         rec = dgps.load(str(ROOT / "specs" / f"{name}.dgps"))
         dims = Dims(a.B, a.T, a.H, a.HV, a.D, a.D)
-        x = {k: v.to(dtype).to(dev) for k, v in rec.random_inputs(a.B, a.T, a.H, a.D, a.D, a.HV, seed=0).items()}
+        x = rec.random_inputs(a.B, a.T, a.H, a.D, a.D, a.HV, seed=0)
+        for d in rec.ir.inputs:
+            if d.domain == "log_gate" and not d.is_param:
+                x[d.name] = x[d.name] * a.gate_scale
+        x = {k: v.to(dtype).to(dev) for k, v in x.items()}
         st = {k: v.to(dev) for k, v in random_states(rec.ir, dims, a.B, 0).items()}
         gen = torch.Generator().manual_seed(1)
         do = torch.randn(a.B, a.T, a.HV, a.D, generator=gen).to(dtype).to(dev)
