@@ -40,7 +40,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # batched products' batch dimension (255 registers, 79 K: replicated products); 2 warps spill 144-816 B.
             # The row-block form before it: BK 32 / 2 warps, 255 + 64 B spill, 55.8 K; H200, kda 0.665 ms (run 32).
             # H200 (run 50, profiler): kda 0.678 ms (row blocks 0.671), gla 0.308 (0.345), gdn2 0.662 (0.686), pkda
-            # 0.725 (0.704): occupancy unchanged, the per-element work of each level now what costs
+            # 0.725 (0.704): occupancy unchanged, the per-element work of each level now what costs. Run 53
+            # (benchmarks/kernel_sections.py, kda 0.695 ms whole): BK 32 +0.11, BK 64 +0.17, 8 warps +0.61, maxnreg 168
+            # −0.06 (88 B spill), 128 +0.09; the ≤ 16 levels cost 0.31, level 64 0.15, the solve 0.17. With the
+            # gates-bounded forms (compiler/plan.py VECTOR_DIAG_FORM; run 57): kda 0.461 ms on the chunk form
             return min(16, BK), bv_full, 4, 1
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
