@@ -4,6 +4,7 @@
     python benchmarks/cp_one_gpu.py --systems gdn pgdn --T 16384 --reps 9 --calls
     python benchmarks/cp_one_gpu.py --world 4 --T 4096                 # 4 processes: the middle ranks' transitions
     python benchmarks/cp_one_gpu.py --device cpu --T 128 --D 32 --H 2 --reps 2 --warmup 0    # the interpreter (CPU)
+    python benchmarks/cp_one_gpu.py --world 8 --gpu-per-rank --T 32768   # a multi-GPU host: NCCL, one GPU per rank
 
 torch.multiprocessing spawns --world processes with a gloo group on the one device (gloo takes CUDA tensors; NCCL
 refuses two ranks on one GPU); the sequence [B, world x T] is cut in slices of T tokens. Per system:
@@ -229,16 +230,18 @@ def _worker(rank: int, a: argparse.Namespace, port: int, out_path: str) -> None:
             pass
     dev = torch.device(a.device)
     if dev.type == "cuda":
-        dev = torch.device("cuda", dev.index or 0)  # every rank on the one device
+        # every rank on the one device, or (--gpu-per-rank, a multi-GPU host) rank r on GPU r
+        dev = torch.device("cuda", rank if a.gpu_per_rank else (dev.index or 0))
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = False  # the chain's fp32 matmuls (docs/context_parallel.md)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.world)
+    dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.world)
     results = {}
     for name in a.systems:
         results[name] = _system(name, a, rank, dev)
     if rank == 0:
         gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET=1)"
-        line = {"bench": "cp_one_gpu", "device": gpu, "world": a.world, "backend": "gloo",
+        line = {"bench": "cp_one_gpu", "device": gpu, "world": a.world, "backend": a.backend,
+                "gpu_per_rank": a.gpu_per_rank,
                 "shape": {"B": a.B, "T_per_rank": a.T, "H": a.H, "dk": a.D, "dv": a.D, "dtype": a.dtype,
                           "gate_scale": a.gate_scale}, "reps": a.reps, "systems": results,
                 "torch": torch.__version__}
@@ -263,7 +266,13 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calls", action="store_true", help="also time CP through whole package calls")
     p.add_argument("--device", default="cuda", help="cuda (one GPU, both ranks) or cpu (the interpreter)")
+    p.add_argument("--gpu-per-rank", action="store_true",
+                   help="a multi-GPU host: rank r on GPU r (with --backend nccl, the default then)")
+    p.add_argument("--backend", default=None, help="gloo (default: ranks sharing one GPU, or the CPU) or nccl")
     a = p.parse_args()
+    a.backend = a.backend or ("nccl" if a.gpu_per_rank else "gloo")
+    if a.gpu_per_rank and (a.device == "cpu" or torch.cuda.device_count() < a.world):
+        p.error(f"--gpu-per-rank needs {a.world} GPUs; this host has {torch.cuda.device_count()}")
     if a.device != "cpu" and not torch.cuda.is_available():
         p.error("no CUDA device: run with --device cpu (the interpreter, tiny shapes)")
     if a.reps < 1 or a.world < 2:
