@@ -22,7 +22,8 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     precond_gram         exact preconditioner: the fp32 Gram carry G_n over chunks (G_0 = P_0⁻¹, P_final = G⁻¹)
     precond_exact        per chunk: P_n = G_n⁻¹ (Gauss-Jordan), I + K P_n Kᵀ = L D Lᵀ -> k̃ (ATK) or q̂ (ATQ)
     curvature_query      CCQ q̂ from carried Σkkᵀ, Σk: per sequence, key head and BV columns of C, over chunks
-    interaction          L' = E ⋆⁻ A (and Q ⋆ A for vector decay) on 16-row sub-blocks
+    interaction          L' = E ⋆⁻ A (and Q ⋆ A for vector decay) on 16-row sub-blocks (vector decay: whole-chunk or
+                         per-block products where the gates bound them, plan attribute diag_blocks; decay_keys fused)
     triangular_solve     T = (I + Diag(β)L')⁻¹Diag(β): forward substitution per 16×16 diagonal block,
                          then block merge
     wy                   W = T(E⊙e^B), Ũ = T Z

@@ -290,6 +290,10 @@ def chunk_precond_diag_kernel(
 # Then Ai = (I + Diag(β)L')⁻¹ bottom-up along the same levels: forward substitution inside the 4 diagonal
 # blocks at once (batched), then per level s > 16 the block merge of two s/2-inverses E₀, E₁ with the level's L'
 # block: [[E₀, 0], [−E₁ Diag(β) L'_s E₀, E₁]] on tensor cores, tf32 operands (as FLA's merge).
+# Where the gates bound the split (plan attribute diag_blocks = chunk; docs/chunk_forms.md §3), fewer products are
+# exact too, tested per chunk and key block from the gates: a 16-token block within 2^64 per channel takes one
+# product for its diagonal pairs instead of the four levels, and a chunk within it one reference for all its pairs
+# (one [BT, BK] × [BK, BT] product per matrix and key block).
 # One program per chunk and head, every tile and accumulator sized to what its level needs (the row-block form
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
@@ -1049,7 +1053,9 @@ def chunk_bwd_scores_kernel(
 #   - rows of I against the blocks J < I through r = b at the token before I (e^{b_t − r} ≤ 1 for t in I,
 #     e^{r − b_j} ≤ 1 for j before I), columns of I against the blocks J > I through r' = b at I's last token:
 #     one 16×16 product per block and side, tf32 operands (the decayed operands are new fp32 values);
-#   - the diagonal block token by token in fp32, two [16, BK] factor tiles per token and no cross-thread sum.
+#   - the diagonal block token by token in fp32, two [16, BK] factor tiles per token and no cross-thread sum;
+#     where the block decays by at most 2^64 per channel (tested from the gates), four products through
+#     one reference instead, three tf32 each (H200 run 53, kda: 1.282 → 1.024 ms).
 #     H200, kda (benchmarks/tune.py, run 22): 1.50 ms, as fast as hierarchical references inside the block
 #     (four masked 16×16 products per level, 1.51 ms) at 152 registers instead of 255; a column-only loop with a
 #     reduction for the other side took 1.62.
