@@ -127,3 +127,4 @@ def test_gradients_through_the_bounded_forms(name: str, form: str, monkeypatch: 
     got, _ = mod.chunk_backward(x, do=do, kept=kept)
     for (k, _), w in zip(x64.items(), want, strict=True):
         assert _rel(got[k], w) <= 1e-5, (k, _rel(got[k], w))
+

@@ -321,7 +321,8 @@ def chunk_interaction_kernel(
                           mask=((o_n > 0) & (t0 + o_n * BC - 1 < eos))[:, None] & m_k[None, :], other=0.)
             b_last = tl.load(g_c + n_last[:, None] * (HV * DK) + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.)
             if tl.min(tl.min((b_r - b_last <= 64).to(tl.int32), 1), 0) == 1:
-                g_rel = tl.reshape(b_g, [4, BC, BK]) - b_r[:, None, :]
+                # (rows past the sequence's end load b = 0, which lies above r: capped, their 0 · e^{−r} stays 0, not NaN)
+                g_rel = tl.minimum(tl.reshape(b_g, [4, BC, BK]) - b_r[:, None, :], 0.)
                 d_dn = tl.exp2(g_rel)
                 a_up = tl.permute(tl.reshape(b_a, [4, BC, BK]) * tl.exp2(-g_rel), (0, 2, 1))
                 Sd += tl.where(m_lt, _mm_tf32(tl.reshape(b_q, [4, BC, BK]) * d_dn, a_up, DT_ID), 0.)
@@ -839,7 +840,8 @@ def chunk_bwd_intra_kernel(
     r_l = tl.minimum(r_1, eos - 1)
     b_rl = tl.load(g_buf + (r_l * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
     if tl.min((b_r0 - b_rl <= 64).to(tl.int32), 0) == 1:  # elementwise first: a NaN span fails
-        g_rel = b_g - b_r0[None, :]
+        # (rows past the sequence's end load b = 0, which lies above r: capped, their 0 · e^{−r} stays 0, not NaN)
+        g_rel = tl.minimum(b_g - b_r0[None, :], 0.)
         f_dn = tl.exp2(g_rel)
         f_up = tl.exp2(-g_rel)
         m_le = o_c[:, None] >= o_c[None, :]
