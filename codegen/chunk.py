@@ -74,7 +74,6 @@ import sympy as sp
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
-    DIAG_RANGE_LOG2,
     BackwardPlan,
     Plan,
     build_backward_plan,
@@ -655,8 +654,8 @@ def _context(ir: IR) -> dict:
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     # decay_keys run inside the interaction's launch (the plan decides): its Kg and Qg come from the scores' tiles
     ctx["decay_keys_in_interaction"] = any(launch_of(st) == "interaction" for st in plan.find("decay_keys"))
-    ctx["diag_blocks"] = plan.stage("interaction").attr("diag_blocks") if plan.find("interaction") else None
-    ctx["DIAG_RANGE_LOG2"] = DIAG_RANGE_LOG2
+    inter = plan.stage("interaction") if plan.find("interaction") else None
+    ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:

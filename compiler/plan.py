@@ -489,7 +489,7 @@ def rule_interaction(b: _Builder) -> None:
     attrs = dict(decay=b.s.decay, subchunk=_subchunk(b), sub_chunk=b.sub_chunk,
                  row_decay="exclusive" if b.op("bx") else "inclusive", family=b.family)
     if scores:
-        attrs["diag_blocks"] = VECTOR_DIAG_FORM
+        attrs.update(diag_blocks=VECTOR_DIAG_FORM, diag_range_log2=DIAG_RANGE_LOG2)
     if b.family == "additive":
         if scores:
             b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
@@ -857,9 +857,10 @@ def _bwd_intra(p: Plan) -> Stage | None:
     form = "pair gradients of Q*A" + (" and E*-A" if delta else "") + \
         " on 16x16 sub-blocks: J != I through one reference per block, diagonal blocks token by token; " + \
         ("da_pair holds both roles of the tied keys; " if tied_keys else "") + "db_pair in the buffer of dg"
-    diag = p.stage("interaction").attr("diag_blocks")  # the forward's choice (VECTOR_DIAG_FORM) holds here too
+    inter = p.stage("interaction")  # the forward's choice (VECTOR_DIAG_FORM) and bound hold here too
     return Stage("bwd_intra", "bwd_intra", ("dSqa",) + (("dL",) if delta else ()), tuple(outs),
-                 (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk), ("diag_blocks", diag)))
+                 (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk),
+                  ("diag_blocks", inter.attr("diag_blocks")), ("diag_range_log2", inter.attr("diag_range_log2"))))
 
 
 def _solve_split(p: Plan) -> bool:

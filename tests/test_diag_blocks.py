@@ -1,4 +1,4 @@
-"""The per-channel interaction's two forms of its diagonal 16×16 blocks (compiler/plan.py: VECTOR_DIAG_FORM).
+"""The per-channel kernels' three forms of their gate-bounded pairs (compiler/plan.py: VECTOR_DIAG_FORM).
 
 "levels" always takes the hierarchical references; "blocks" takes one product per 16-token block (interaction and
 bwd_intra) where every channel of a key block decays by at most 2^DIAG_RANGE_LOG2 over it; "chunk" also one product
@@ -56,7 +56,7 @@ def test_the_plan_prints_the_form(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "chunk")
     p = plan_module.build_plan(dgps.load(SPECS / "kda.dgps").ir, 64, 16)
     assert p.stage("interaction").attr("diag_blocks") == "chunk"
-    assert "diag_blocks=chunk" in plan_module.format_plan(p)
+    assert "diag_blocks=chunk" in plan_module.format_plan(p) and "diag_range_log2=64" in plan_module.format_plan(p)
     bp = plan_module.build_backward_plan(p)
     assert next(st for st in bp.stages if st.kind == "bwd_intra").attr("diag_blocks") == "chunk"
 
@@ -105,7 +105,6 @@ def test_without_the_bound_strong_gates_overflow(monkeypatch: pytest.MonkeyPatch
     x = _inputs(rec, 80, ((0, 80, 20.0),))
     ref = _reference(rec, x)
     monkeypatch.setattr(plan_module, "DIAG_RANGE_LOG2", 10**9)
-    monkeypatch.setattr("dgps.codegen.chunk.DIAG_RANGE_LOG2", 10**9)
     out = _run(rec, x, "chunk", monkeypatch)
     assert not (torch.isfinite(out.o).all() and _rel(out.o, ref.o) <= 1e-3)
 
