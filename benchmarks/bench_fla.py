@@ -230,7 +230,7 @@ t1 = time.time()
 pkg = dgps.compile(open(%r).read())
 rec = dgps.load(open(%r).read())
 t2 = time.time()
-x = rec.random_inputs(4, 4096, 16, 128, 128, dtype=torch.bfloat16, seed=0, device="cuda")
+x = rec.random_inputs(4, 4096, 16, 128, 128, dtype=torch.bfloat16, seed=0, device="cuda", on_device=True)
 x = {k: v.requires_grad_(True) for k, v in x.items()}
 torch.cuda.synchronize()
 t3 = time.time()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import networkx as nx
@@ -128,8 +129,14 @@ class Plan:
     elementwise_grads: tuple[str, ...] = ()
 
     def stages(self) -> list[Stage]:
+        return list(self._launch_order)
+
+    @cached_property
+    def _launch_order(self) -> tuple[Stage, ...]:
+        # the graph is built once (build_plan) and never changed after: its order is computed once too (codegen
+        # asks for it about a thousand times per spec)
         order = {s.name: i for i, s in enumerate(self.graph.nodes)}
-        return list(nx.lexicographical_topological_sort(self.graph, key=lambda s: order[s.name]))
+        return tuple(nx.lexicographical_topological_sort(self.graph, key=lambda s: order[s.name]))
 
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages()]
@@ -390,6 +397,13 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
     return bind
 
 
+# Rows per step of the PDN statistic's scans (precond_diag and its backward): a multiple of the chunk size. Each
+# program is sequential over its sequence's steps, and a step costs about the same at 64 rows as at 256 (the loads'
+# latency, the scan's log-depth exchanges, the carry's extraction): fewer, taller steps do the same work in fewer
+# dependent rounds. The chunk-start carries An are still one per chunk of BT rows.
+PDN_SCAN_ROWS = 256
+
+
 def rule_precond_diag(b: _Builder) -> None:
     if b.s.precond != "diag":
         return
@@ -403,6 +417,7 @@ def rule_precond_diag(b: _Builder) -> None:
     b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
                                                  b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
+          scan_rows=b.chunk_size * max(1, PDN_SCAN_ROWS // b.chunk_size),
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
 

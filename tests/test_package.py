@@ -112,3 +112,17 @@ def test_importing_a_package_parses_no_spec() -> None:
     code = ("import sys; import dgps.generated.gdn as p; assert 'dgps.dsl.parser' not in sys.modules; "
             "assert p.RECURRENCE.ir == p.IR; assert 'dgps.dsl.parser' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_random_inputs_respect_roles_and_domains(on_device: bool) -> None:
+    """Both draws (the reproducible float64 CPU draw and the fast on-device one) give every input its role's shape,
+    the requested dtype and its domain: log-gates ≤ 0, unit gates in (0, 1); and a seed repeats its draw."""
+    rec = dgps.load(Path(__file__).resolve().parent.parent / "specs" / "gdn.dgps")
+    x = rec.random_inputs(2, 33, 2, 16, 8, HV=4, dtype=torch.bfloat16, seed=3, on_device=on_device)
+    assert {n: tuple(t.shape) for n, t in x.items()} == {
+        "q": (2, 33, 2, 16), "k": (2, 33, 2, 16), "v": (2, 33, 4, 8), "g": (2, 33, 4), "beta": (2, 33, 4)}
+    assert all(t.dtype == torch.bfloat16 for t in x.values())
+    assert bool((x["g"] <= 0).all()) and bool(((x["beta"] > 0) & (x["beta"] < 1)).all())
+    again = rec.random_inputs(2, 33, 2, 16, 8, HV=4, dtype=torch.bfloat16, seed=3, on_device=on_device)
+    assert all(torch.equal(x[n], again[n]) for n in x)

@@ -47,6 +47,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
 NAME = "pkda"
 BT = 64
 BC = 16
+BTS = 256  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
 DECAY = "vector"
 DELTA = True
 ROUTE = "none"
@@ -203,12 +204,14 @@ def chunk_cumsum_kernel(
 
 # ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
 # One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
-# chunks: the statistic is elementwise per channel, so channel blocks are independent; the carry is BK floats.
-# Within a chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`).
+# steps of BTS tokens (BTS / BT whole chunks, the plan's scan_rows): the statistic is elementwise per channel, so
+# channel blocks are independent; the carry is BK floats. Within a step the recurrence is a decayed scan
+# (tl.associative_scan, `_decayed_sum`); a step costs about as much at 256 rows as at 64 (its dependent rounds:
+# the loads, the scan's log-depth exchanges, the carry's extraction), so tall steps take fewer of them.
 @triton.jit
 def chunk_precond_diag_kernel(
     p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
-    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr,
     INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
@@ -218,63 +221,75 @@ def chunk_precond_diag_kernel(
     i_hv = i_p * G
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    o_t = tl.arange(0, BT)
+    o_t = tl.arange(0, BTS)
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
-    n_tc = tl.cdiv(eos - bos, BT)
+    n_ts = tl.cdiv(eos - bos, BTS)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            t0 = bos + i_tc * BT
+        i_ts = 0
+        while i_ts < n_ts:
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
-            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
-                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            if KEEP:
+                # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
+                # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
+                i_c0 = i_cn + i_ts * (BTS // BT)
+                tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            last = tl.minimum(eos - t0, BT) - 1
+            last = tl.minimum(eos - t0, BTS) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
-            i_tc += 1
+            i_ts += 1
     else:
-        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
-        for i_tc in range(0, n_tc):
-            t0 = bos + i_tc * BT
+        # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
+        for i_ts in range(0, n_ts):
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
-            if KEEP:  # the chunk-start carry: the backward re-forms every token's statistic from it (8 B per token, not 512)
-                tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            if KEEP:
+                # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
+                # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
+                i_c0 = i_cn + i_ts * (BTS // BT)
+                tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            last = tl.minimum(eos - t0, BT) - 1
+            last = tl.minimum(eos - t0, BTS) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
 
@@ -1294,13 +1309,14 @@ def chunk_bwd_grad_kernel(
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
 #   channels is written per block (NKP partial sums, added up where the chain rule reads it).
 #   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
-#   𝒜 itself is re-formed per chunk from the forward's chunk-start carry A_n, as the forward formed it, and stored
-#   for bwd_inputs: the backward allocates it after the chunk gradients, not from the forward onwards.
+#   𝒜 itself is re-formed per step of BTS tokens (whole chunks, as the forward steps) from the forward's carry A_n at
+#   the step's first chunk, as the forward formed it, and stored for bwd_inputs: the backward allocates it after the
+#   chunk gradients, not from the forward onwards.
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
     p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens,
     chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+    BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1309,104 +1325,104 @@ def chunk_bwd_precond_diag_kernel(
     i_hv = i_p * G
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    o_t = tl.arange(0, BT)
+    o_t = tl.arange(0, BTS)
     i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
     i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    n_tc = tl.cdiv(eos - bos, BT)
+    n_ts = tl.cdiv(eos - bos, BTS)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = n_tc - 1
-        while i_tc >= 0:
-            t0 = bos + i_tc * BT
+        i_ts = n_ts - 1
+        while i_ts >= 0:
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            # every token's statistic from the chunk-start carry, formed as the forward formed it
-            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            # every token's statistic from the step's start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_ts * (BTS // BT)) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
-            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
                 b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
             _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
-            last = tl.minimum(eos - t0, BT) - 1
+            last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
-            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
             rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
             _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-            # the carry into the chunk before: e^{c_first} Ā_first
+            # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
-            i_tc -= 1
+            i_ts -= 1
     else:
-        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
-        for i_rev in range(0, n_tc):
-            i_tc = n_tc - 1 - i_rev
-            t0 = bos + i_tc * BT
+        # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
+        for i_rev in range(0, n_ts):
+            i_ts = n_ts - 1 - i_rev
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            # every token's statistic from the chunk-start carry, formed as the forward formed it
-            b_A = tl.load(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            # every token's statistic from the step's start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_ts * (BTS // BT)) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
             _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
-            b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+            b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
                 b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
             _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
-            last = tl.minimum(eos - t0, BT) - 1
+            last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
-            # matmul). Its factors are the next token's decays, 1 past the chunk's last token, where the carry enters.
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
             rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
             _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-            # the carry into the chunk before: e^{c_first} Ā_first
+            # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
@@ -1508,7 +1524,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET', 'KEEP'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
@@ -1518,7 +1534,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1632,7 +1648,7 @@ class _Run:
     def _launch_list(self, kernels):
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
-        consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
+        consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BTS=BTS, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
         launches = []
