@@ -137,10 +137,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
         # 4 warps: 3 programs per SM, so its 512 programs ran as 1.3 waves, ncu run 45): BK 8 / 1 warp, 149 registers,
         # 1024 programs in one wave, each scan within a warp: 0.703 → 0.439 ms (run 46, tune.py; GPU gradients
         # unchanged). The forward stays at BK 16 / 4 warps (BK 8 / 1 warp 0.281 against 0.208).
-        # Steps of 256 rows (compiler/plan.py PDN_SCAN_ROWS; 64 before) hold 4× taller tiles. Compile report (pgdn,
-        # dk = 128, sm_90): forward BK 16 / 4 warps 168 registers, BK 8 / 4 warps 96, BK 16 / 8 warps 120, no spill;
-        # backward BK 8 / 1 warp 255 + 1016 B spill, BK 8 / 4 warps 167, BK 8 / 2 warps 189, BK 16 / 8 warps 231, BK 16
-        # / 4 warps 255 + 80 B spill.
+        # Steps of several chunks (compiler/plan.py PDN_SCAN_ROWS, 128 rows) hold taller tiles: at 256 rows the backward
+        # at BK 8 / 1 warp spilled 1016 B (4 warps: 167 registers). At 128 rows (compile report, pgdn, dk = 128, sm_90)
+        # forward 96 registers, backward 93, no spill. H200 at 256 rows (run 59): forward 4 warps 0.263 ms, 8 warps
+        # 0.236, 2 warps 0.195; backward 4 warps 0.446, 8 warps 0.466, 2 warps 0.482.
         if name == "bwd_precond_diag":
             return min(8, BK), bv_full, 4, 2
         return min(16, BK), bv_full, 4, 2

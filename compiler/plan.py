@@ -398,10 +398,12 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
 
 
 # Rows per step of the PDN statistic's scans (precond_diag and its backward): a multiple of the chunk size. Each
-# program is sequential over its sequence's steps, and a step costs about the same at 64 rows as at 256 (the loads'
-# latency, the scan's log-depth exchanges, the carry's extraction): fewer, taller steps do the same work in fewer
-# dependent rounds. The chunk-start carries An are still one per chunk of BT rows.
-PDN_SCAN_ROWS = 256
+# program is sequential over its sequence's steps; the chunk-start carries An stay one per chunk of BT rows. H200,
+# pgdn B4 T4096 H16 D128 (run 59, benchmarks/kernel_sections.py, one process), forward / backward ms at 4 warps:
+# 64 rows 0.223 / 0.548, 128 rows 0.189 / 0.415, 256 rows 0.263 / 0.446, 512 rows 0.224 / 0.508 (the one-chunk steps'
+# backward had run at 1 warp: 0.431 in run 51). A step's cost grows with its rows: the kernels are bound by their
+# instructions per element (the tuple scan's exchanges, the map's transcendentals), not by the steps' latency.
+PDN_SCAN_ROWS = 128
 
 
 def rule_precond_diag(b: _Builder) -> None:

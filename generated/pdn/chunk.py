@@ -46,7 +46,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
 NAME = "pdn"
 BT = 64
 BC = 16
-BTS = 256  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
+BTS = 128  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
 DECAY = "none"
 DELTA = True
 ROUTE = "none"
