@@ -126,7 +126,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
             # at 8 warps, 250 at 4, no spill. H200 (tune.py, run 20): BK 32 / 4 warps 0.974 ms, BK 64 / 8 warps
             # 0.986, BK 64 / 4 warps 1.054, BK 32 / 8 warps ~1.6
             return min(32, BK), bv_full, 4, 1
-        return bk_block, bv_full, 8 if BK >= 64 else 4, 1
+        # the additive family with a scalar, constant or no decay: whole key rows up to 128. H200, simple_gla dk = dv =
+        # 128 (tune.py, run 62): BK 128 / BV 64 / 8 warps 0.397 ms (4 warps 0.397, with 368 B spill), BK 64 / BV 64 / 4
+        # warps 0.413, the former BK 64 / BV 64 / 8 warps 0.614; BK 32 / BV 64 / 4 warps faulted under Triton 3.6.
+        # Compile report at BK 128 / 8 warps (sm_90, dk = 128): simple_gla and retnet 214 registers, mamba2 218, la 170,
+        # exact_atq 208, no spill
+        return min(128, BK), bv_full, 8 if BK >= 64 else 4, 1
     if name in ("precond_diag", "bwd_precond_diag"):
         # the PDN statistic splits over key-channel blocks; within a chunk it is a decayed scan. H200, pgdn
         # dk = dv = 128 (benchmarks/tune.py, run 37): forward BK 16 / 4 warps 0.218 ms (BK 32 / 8 warps 0.255, BK 32 /
