@@ -119,15 +119,15 @@ def test_delta_family_plans_have_interaction_solve_wy():
 
 @pytest.mark.parametrize("name", SPECS)
 def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
-    """Scalar or no decay, one write stream, 16-bit query and write key (CCQ's q̂ is read as the 16-bit half of its
-    pair): the output, and the residual route with it, is fused into the state pass's launch (H_n stays in
-    registers); per-channel decay, the untied DPLR family and a fp32 k̃ / q̂ (PDN, exact preconditioner: NaN on sm_90
+    """Scalar or no decay, one write stream, no residual route, 16-bit query and write key (CCQ's q̂ is read as the
+    16-bit half of its pair): the output is fused into the state pass's launch (H_n stays in registers); per-channel
+    decay, the untied DPLR family, the residual route and a fp32 k̃ / q̂ (PDN, exact preconditioner: NaN on sm_90
     under Triton 3.6) keep two launches."""
     from dgps.compiler.plan import build_backward_plan, launch_of
 
     p = plan(name)
     fused = name in {"clvr_gdn", "deltanet", "gdn", "gdn_fused_gate", "la", "longhorn", "mamba2", "retnet", "simple_gla",
-                     "ccq_gdn", "ccq_gdn_uncentered", "cler_h_gdn"}
+                     "ccq_gdn", "ccq_gdn_uncentered"}
     assert (p.stage("output").attr("fused") == "state_pass") == fused, name
     assert launch_of(p.stage("output")) == ("state_pass" if fused else "output")
     assert ("fused=state_pass" in format_plan(p)) == fused

@@ -415,199 +415,6 @@ def chunk_wy_kernel(
         b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
         tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
-# ---- stages state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
-#   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
-#     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = Ũ − W H_n;  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
-#     O = scale [e^B ⊙ (Q̂ H_n) + S U];  R = Z − (E ⊙ e^B) H_n − L′U
-#   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
-#   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
-#   state pass holds it. Rounding as in the two launches it replaces: the matmuls round H_n and U to the input dtype
-#   where the state pass stored them, and O is rounded once, when stored.
-@triton.jit
-def chunk_state_output_kernel(
-    p_v, g_buf, l_buf, w_buf, u_buf, o_buf, r_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    m_le = o_t[:, None] >= o_t[None, :]
-    o_k = o_kb
-    m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
-            # offsets that do not change across the loop
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-            b_gl = tl.load(g_buf + last * HV + i_hv)
-            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
-            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q0 = _b_q0_q
-            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a0 = _b_a0_k
-            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
-            b_o = _mm(b_q0, b_h0, DT_ID)
-            b_wh = _mm(b_w, b_h0, DT_ID)
-            b_eh = _mm(b_a0, b_h0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q1 = _b_q1_q
-                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a1 = _b_a1_k
-                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
-                b_o += _mm(b_q1, b_h1, DT_ID)
-                b_wh += _mm(b_w, b_h1, DT_ID)
-                b_eh += _mm(b_a1, b_h1, DT_ID)
-
-            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
-            # rounds to it there anyway (the same values in a 16-bit tile)
-            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
-            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
-            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
-            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
-            # a per-token factor scales U's rows once, not each key block's rows of A
-            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            o_k = o_kb
-            m_k = o_k < DK
-            b_h0 = b_h0 * tl.exp2(b_gl)
-            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_h1 = b_h1 * tl.exp2(b_gl)
-                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
-
-            b_o = b_o * tl.exp2(b_g)[:, None]
-            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
-            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-            # the write residual: E H_n summed with the reads of H_n above (the write key's tiles where E is the write key),
-            # its per-token decay applied to the sum's rows once; L′ from the interaction; U as the state pass would have
-            # stored it (_mm rounds it to the input dtype, as the store did)
-            b_eh = b_eh * tl.exp2(b_g)[:, None]
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_l = tl.load(l_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
-            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
-
-            i_tc += 1
-    else:
-        # a for loop, so that Triton software-pipelines the loads of the next chunk
-        for i_tc in range(0, n_tc):
-            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
-            # offsets that do not change across the loop
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-            b_gl = tl.load(g_buf + last * HV + i_hv)
-            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
-            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q0 = _b_q0_q
-            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a0 = _b_a0_k
-            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
-            b_o = _mm(b_q0, b_h0, DT_ID)
-            b_wh = _mm(b_w, b_h0, DT_ID)
-            b_eh = _mm(b_a0, b_h0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q1 = _b_q1_q
-                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a1 = _b_a1_k
-                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
-                b_o += _mm(b_q1, b_h1, DT_ID)
-                b_wh += _mm(b_w, b_h1, DT_ID)
-                b_eh += _mm(b_a1, b_h1, DT_ID)
-
-            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
-            # rounds to it there anyway (the same values in a 16-bit tile)
-            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
-            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
-            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
-            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
-            # a per-token factor scales U's rows once, not each key block's rows of A
-            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
-            o_k = o_kb
-            m_k = o_k < DK
-            b_h0 = b_h0 * tl.exp2(b_gl)
-            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_h1 = b_h1 * tl.exp2(b_gl)
-                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
-
-            b_o = b_o * tl.exp2(b_g)[:, None]
-            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
-            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-            # the write residual: E H_n summed with the reads of H_n above (the write key's tiles where E is the write key),
-            # its per-token decay applied to the sum's rows once; L′ from the interaction; U as the state pass would have
-            # stored it (_mm rounds it to the input dtype, as the store did)
-            b_eh = b_eh * tl.exp2(b_g)[:, None]
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_l = tl.load(l_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
-            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
-
-    if STORE_FINAL:
-        o_k = o_kb
-        m_k = o_k < DK
-        tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
-
-        if DK > 1 * BK:
-            o_k = 1 * BK + o_kb
-            m_k = o_k < DK
-            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
-
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
@@ -766,6 +573,61 @@ def chunk_state_pass_kernel(
             m_k = o_k < DK
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
+# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U]; R = Z − (E ⊙ e^B) H_n − L'U ---------
+@triton.jit
+def chunk_output_kernel(
+    p_v, g_buf, l_buf, h_buf, vn_buf, o_buf, r_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_rv = m_r[:, None] & m_v[None, :]
+    m_le = o_t[:, None] >= o_t[None, :]
+    b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_eh = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = _b_q_q
+        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = _b_a_k
+        b_o += _mm(b_q, b_h, DT_ID)
+        b_s += _mm(b_q, tl.trans(b_a), DT_ID)
+        _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = _b_e_k
+        b_e = b_e * tl.exp2(b_g)[:, None]
+        b_eh += _mm(b_e, b_h, DT_ID)
+    b_o = b_o * tl.exp2(b_g)[:, None]
+    b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+    b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+    tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+    _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = _b_z_v
+    b_l = tl.load(l_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
+    tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
 # ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO − L'ᵀ dR, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
@@ -1272,8 +1134,8 @@ _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_output_kernel': ('p_v', 'g_buf', 'l_buf', 'w_buf', 'u_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_v', 'g_buf', 'l_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'l_buf', 'do_buf', 'dr_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1290,7 +1152,8 @@ def _kernels():
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
-        ("state_output", chunk_state_output_kernel, "state"),
+        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("output", chunk_output_kernel, "output"),
     ]
 
 
@@ -1568,7 +1431,8 @@ def _cp_kernels():
             ("state_pass", chunk_state_pass_kernel, "state"),
         ],
         "final": [
-            ("state_output", chunk_state_output_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("output", chunk_output_kernel, "output"),
         ],
     }
 
