@@ -5,7 +5,9 @@
 Both sides are called through FLA's signatures on bench_fla.py's inputs (reference shape). For each system the step is
 warmed up, then traced once with torch.profiler (CUDA activity): the printout is the step's span on the GPU, the
 time its kernels, memsets and copies cover, and the largest idle gaps with the operations on either side. A gap
-means the GPU waited on the host: a synchronising call, or a host that enqueues slower than the GPU runs.
+means the GPU waited on the host: a synchronising call, or a host that enqueues slower than the GPU runs. The
+profiler's own host cost inflates the gaps (run 60: gdn's step spanned 6.0 ms for 1.6 ms of kernels, FLA's 3.9), so
+read them for where the host stalls, not for the wall clock; do_bench's wall clock against the kernel sum says that.
 `--sync-check` also runs one step under torch.cuda.set_sync_debug_mode("warn"), which names every call that
 synchronises the host with the GPU.
 """
