@@ -5,9 +5,10 @@
 Both sides are called through FLA's signatures on bench_fla.py's inputs (reference shape). For each system the step is
 warmed up, then traced once with torch.profiler (CUDA activity): the printout is the step's span on the GPU, the
 time its kernels, memsets and copies cover, and the largest idle gaps with the operations on either side. A gap
-means the GPU waited on the host: a synchronising call, or a host that enqueues slower than the GPU runs. The
-profiler's own host cost inflates the gaps (run 60: gdn's step spanned 6.0 ms for 1.6 ms of kernels, FLA's 3.9), so
-read them for where the host stalls, not for the wall clock; do_bench's wall clock against the kernel sum says that.
+means the GPU waited on the host: a synchronising call, or a host that enqueues slower than the GPU runs. With
+CPU activity recorded too, the profiler's own host cost swamped the gaps (run 60: gdn's step spanned 6.0 ms for 1.6 ms
+of kernels, FLA's 3.9); it now records CUDA activity only (not yet run that way). do_bench's wall clock against the
+kernel sum is the check on what it shows.
 `--sync-check` also runs one step under torch.cuda.set_sync_debug_mode("warn"), which names every call that
 synchronises the host with the GPU.
 """
@@ -34,7 +35,8 @@ def gpu_timeline(step, path: Path) -> list[tuple[float, float, str]]:  # noqa: A
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    # CUDA activity only: recording every CPU op as well inflated the host time it means to expose (run 60)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     prof.export_chrome_trace(str(path))
