@@ -220,8 +220,8 @@ def chunk_cumsum_kernel(
 # One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
 # steps of BTS tokens (BTS / BT whole chunks, the plan's scan_rows): the statistic is elementwise per channel, so
 # channel blocks are independent; the carry is BK floats. Within a step the recurrence is a decayed scan
-# (tl.associative_scan, `_decayed_sum`); a step costs about as much at 256 rows as at 64 (its dependent rounds:
-# the loads, the scan's log-depth exchanges, the carry's extraction), so tall steps take fewer of them.
+# (tl.associative_scan, `_decayed_sum`). The kernel is bound by its instructions per element (the scan's exchanges,
+# the map's transcendentals), so the step height moves it little: 128 rows measured fastest (compiler/plan.py).
 @triton.jit
 def chunk_precond_diag_kernel(
     p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
