@@ -13,7 +13,10 @@ Peak memory is the allocator's peak during one forward+backward above what the i
 fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640 guard); this script lifts
 the guard (`fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`) to take FLA's timings, and says so in the
 output. `--variants` times dgps's library specs forward+backward next to their base system (no FLA counterpart):
-scalar gdn, ccq_gdn, pgdn, cler_h_gdn; vector kda, gla, pkda, ccq_gla, clvr_kda, cler_h_kda.
+scalar gdn, ccq_gdn, pgdn, cler_h_gdn; vector kda, gla, pkda, ccq_gla, clvr_kda, cler_h_kda. The library's kda and gla
+take q, k as given (FLA's signatures) while clvr_kda, cler_h_kda and ccq_gla normalise them (`normalize q, k`), so the
+vector family is also timed against kda_l2norm and gla_l2norm (the base spec with that one line added): the
+normalisation is not the variant's cost.
 `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
 """
 
@@ -138,6 +141,18 @@ def flashqla_gdn() -> Callable | None:
         return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"].float(), x["beta"])[0]
 
     return run
+
+
+def variant_spec(name: str) -> str:
+    """The library spec `name`, or for `<base>_l2norm` the base spec with `normalize q, k` added (renamed)."""
+    base = name.removesuffix("_l2norm")
+    text = (ROOT / "specs" / f"{base}.dgps").read_text()
+    if base == name:
+        return text
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["decay"])
+    lines.insert(at, "  normalize q, k")
+    return "\n".join(lines).replace(f"recurrence {base}", f"recurrence {name}", 1) + "\n"
 
 
 def fwd_bwd(fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor) -> Callable[[], None]:
@@ -353,11 +368,11 @@ def main() -> int:
         # each family against its base system, interleaved within the family (issue 8: the scalar variants
         # against gdn; issue 9: the vector variants against kda and gla)
         families = {"scalar": ("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"),
-                    "vector": ("kda", "gla", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")}
+                    "vector": ("kda", "kda_l2norm", "gla", "gla_l2norm", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")}
         for family in (families[f] for f in (args.variants or families)):
             steps = {}
             for spec in family:
-                rec = dgps.load(str(ROOT / "specs" / f"{spec}.dgps"))
+                rec = dgps.load(variant_spec(spec))
                 pkg = dgps.compile(rec)
                 x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
                 do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")

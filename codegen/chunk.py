@@ -394,7 +394,8 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
-        "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []),
+        "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []) +
+                      (["eg_buf"] if ir.route == "residual" else []),
     }.get(kind, [])
 
 

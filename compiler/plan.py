@@ -24,7 +24,7 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1} (fused into the
                       interaction for both)
     wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
-    decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B)
+    decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B; residual route: E⊙e^B)
     state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R
     output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s] (scalar or no decay: fused into the
                       state pass's launch, which then keeps H_n and U in registers)
@@ -574,8 +574,16 @@ def rule_decay_keys(b: _Builder) -> None:
     # Tied and additive: the interaction loads the same A, Q and b tiles of every row for its scores, so it stores
     # Kg and Qg from them (its own launch had read k, q and the fp32 b again: ~0.1 ms of kda's forward on the H200).
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
-    b.add("decay_keys", "decay_keys", {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}, outs,
-          form="Kg = A e^(b_c - B), Qg = Q e^B", fused="interaction")
+    bind = {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}
+    form = "Kg = A e^(b_c - B), Qg = Q e^B"
+    if b.s.route == "residual":
+        # the residual route's row operand E ⊙ e^B, read by the output (R = Z − (E ⊙ e^B) H_n − L′U) and by the reverse
+        # state pass (dH_n −= (E ⊙ e^B)ᵀ dR): re-formed there from k and the fp32 b it cost cler_h_kda's reverse pass
+        # 0.606 ms against kda's 0.248 (run 60; the fp32 b tiles, re-read by every value block)
+        outs.append(b.new("Eg", "[B,T,HV,dk]", "in"))
+        bind["E"] = b.op("ke")
+        form += ", Eg = E e^B"
+    b.add("decay_keys", "decay_keys", bind, outs, form=form, fused="interaction")
 
 
 def _streams(b: _Builder) -> tuple[tuple[str, str], ...]:
@@ -621,9 +629,11 @@ def rule_output(b: _Builder) -> None:
         bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"), Qg=b.op("Qg"))
         scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
         inline = False
-    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B
+    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B (and E ⊙ e^B for the route)
         (k, v), = _streams(b)
         bind.update(M0=b.op("Sqa"), V0=v, Qg=b.op("Qg"))
+        if b.op("Eg"):
+            bind.update(Eg=b.op("Eg"))
         scores = ((b.op("Sqa"), v),)
         inline = False
     else:
@@ -808,7 +818,8 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
     if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
-        ((("decay_keys.Fg", "decay_keys.Kg") if untied else ("decay_keys.Kg",)) + ("decay_keys.Qg",)
+        ((("decay_keys.Fg", "decay_keys.Kg") if untied else ("decay_keys.Kg",)) + ("decay_keys.Qg",) +
+         (("decay_keys.Eg",) if any(o.name == "Eg" for o in p.find("decay_keys")[0].outputs) else ())
          if p.find("decay_keys") else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
@@ -1142,7 +1153,7 @@ RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "el
 # passes; every other operand is read by the chunk gradients or later. Keyed by operand name (one the builder suffixed
 # with "_", to avoid a spec input's name, by its base). tests/test_plan_launch.py holds this against the operands of
 # the generated kernels.
-LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0}
+LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Eg": 0, "Sqa": 0}
 
 
 def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:

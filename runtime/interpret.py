@@ -407,15 +407,18 @@ def run_wy(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
 
 
 def run_decay_keys(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay); untied DPLR also Fg = F ⊙ e^{b_c − B}."""
+    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay); untied DPLR also Fg = F ⊙ e^{b_c − B}, the
+    residual route Eg = E ⊙ e^B."""
     keys = ("F", "A") if st.role("F") is not None else ("A",)
-    pieces: list[list[torch.Tensor]] = [[] for _ in range(len(keys) + 1)]
-    for _, _, _, x in _chunks_of(ctx, vals, st, *keys, "Q", "b"):
+    rows = ("Q", "E") if st.role("E") is not None else ("Q",)  # Q ⊙ e^B, and the residual route's E ⊙ e^B
+    pieces: list[list[torch.Tensor]] = [[] for _ in range(len(keys) + len(rows))]
+    for _, _, _, x in _chunks_of(ctx, vals, st, *keys, *rows, "b"):
         b = x["b"]
         assert b is not None
         for i, r in enumerate(keys):
             pieces[i].append(x[r] * torch.exp(b[..., -1:, :] - b))  # type: ignore[operator]
-        pieces[-1].append(x["Q"] * torch.exp(b))  # type: ignore[operator]
+        for i, r in enumerate(rows):
+            pieces[len(keys) + i].append(x[r] * torch.exp(b))  # type: ignore[operator]
     return {o.name: _unchunk(p) for o, p in zip(st.outputs, pieces, strict=True)}
 
 

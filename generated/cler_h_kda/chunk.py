@@ -229,9 +229,9 @@ def chunk_cumsum_kernel(
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DT_ID: tl.constexpr,
+    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, eg_buf, pn_q, pn_k, cu_seqlens, chunk_indices,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -326,6 +326,9 @@ def chunk_interaction_kernel(
                      _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
                      _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            # and the residual route's row operand Eg = E ⊙ e^B (the output and the reverse state pass read it)
+            tl.store(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_e * tl.exp2(b_g), eg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             d_dn = tl.exp2(b_g)
             a_up = tl.trans(b_a * tl.exp2(-b_g))
             L_f += _mm_tf32(b_e * d_dn, a_up, DT_ID)
@@ -364,6 +367,9 @@ def chunk_interaction_kernel(
                      _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
                      _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            # and the residual route's row operand Eg = E ⊙ e^B (the output and the reverse state pass read it)
+            tl.store(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+                     _cast_for(b_e * tl.exp2(b_g), eg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             # the t = j terms of S
             sd += tl.sum(b_q * b_a, 1)
             # the diagonal blocks: where every channel of this key block decays by at most 2^64 over each
@@ -703,9 +709,9 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U]; R = Z − (E ⊙ e^B) H_n − L'U ---------
 @triton.jit
 def chunk_output_kernel(
-    p_v, g_buf, l_buf, s_buf, qg_buf, h_buf, vn_buf, o_buf, r_buf, pn_k, cu_seqlens, chunk_indices, scale,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_v, l_buf, s_buf, qg_buf, eg_buf, h_buf, vn_buf, o_buf, r_buf, cu_seqlens, chunk_indices, scale,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -737,10 +743,8 @@ def chunk_output_kernel(
         # the scores come from the interaction stage (Sqa); Q̂ ⊙ e^B from the decay_keys stage
         b_qg = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_o += _mm(b_qg, b_h, DT_ID)
-        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
-        b_e = b_e * tl.exp2(b_g)
+        # and E ⊙ e^B from it too
+        b_e = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_eh += _mm(b_e, b_h, DT_ID)
     b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
@@ -792,9 +796,9 @@ def chunk_bwd_local_values_kernel(
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, w_buf, kg_buf, qg_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens,
-    chunk_offsets, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    g_buf, w_buf, kg_buf, qg_buf, eg_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens,
+    chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -863,10 +867,8 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_ek = b_ek * tl.exp2(b_g)
+            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+            b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
             if DK > 1 * BK:
@@ -879,10 +881,8 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_ek = b_ek * tl.exp2(b_g)
+                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+                b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
 
@@ -930,10 +930,8 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_ek = b_ek * tl.exp2(b_g)
+            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+            b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
             if DK > 1 * BK:
@@ -946,10 +944,8 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                _b_ek_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_ek = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_ek_k, 0.)
-                b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_ek = b_ek * tl.exp2(b_g)
+                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+                b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
 
@@ -1321,8 +1317,8 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf",
-            "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
+            "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
@@ -1333,18 +1329,18 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'eg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('p_v', 'g_buf', 'l_buf', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_output_kernel': ('p_v', 'l_buf', 's_buf', 'qg_buf', 'eg_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('l_buf', 's_buf', 'do_buf', 'dr_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'eg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1383,7 +1379,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf"]
 
 
 def _next_pow2(x):
@@ -1510,6 +1506,7 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["l_buf"] = (TT * HV * BT, f32)
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
+    b["eg_buf"] = (TT * HV * DK, dt)
     return b
 
 
