@@ -1,6 +1,7 @@
 """Where a training step's wall clock goes beyond its kernels: the GPU timeline of one forward+backward, its idle gaps.
 
     . benchmarks/device_env.sh && python3 benchmarks/step_gaps.py --systems gdn kda [--fla] [--sync-check]
+                                      [--specs ccq_gdn ...]
 
 Both sides are called through FLA's signatures on bench_fla.py's inputs (reference shape). For each system the step is
 warmed up, then traced once with torch.profiler (CUDA activity): the printout is the step's span on the GPU, the
@@ -9,8 +10,9 @@ means the GPU waited on the host: a synchronising call, or a host that enqueues 
 CPU activity recorded too, the profiler's own host cost swamped the gaps (run 60: gdn's step spanned 6.0 ms for 1.6 ms
 of kernels, FLA's 3.9); it now records CUDA activity only (not yet run that way). do_bench's wall clock against the
 kernel sum is the check on what it shows.
-`--sync-check` also runs one step under torch.cuda.set_sync_debug_mode("warn"), which names every call that
-synchronises the host with the GPU.
+`--specs` traces library specs (the variants, which FLA lacks) as bench_fla.py's `--variants` times them: their own
+package's forward on random_inputs. `--sync-check` also runs one step under torch.cuda.set_sync_debug_mode("warn"),
+which names every call that synchronises the host with the GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fla import calls, fla_module, fwd_bwd, make_inputs  # noqa: E402
+from bench_fla import calls, fla_module, fwd_bwd, make_inputs, variant_spec  # noqa: E402
 
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
 
@@ -62,7 +64,8 @@ def summarise(ops: list[tuple[float, float, str]], top: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", nargs="+", default=["gdn"])
+    p.add_argument("--systems", nargs="*", default=["gdn"])
+    p.add_argument("--specs", nargs="*", default=[], help="library specs, through their package (no FLA side)")
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128], metavar=("B", "T", "H", "D"))
     p.add_argument("--fla", action="store_true", help="trace FLA's step too")
     p.add_argument("--sync-check", action="store_true")
@@ -74,29 +77,37 @@ def main() -> int:
     if a.fla:
         sides["fla"] = calls(fla_module())
     tmp = Path(tempfile.mkdtemp())
-    for system in a.systems:
-        x = make_inputs(system, *a.shape)
+    B, T, H, D = a.shape
+    runs = [(system, side, fns[system], make_inputs(system, *a.shape)) for system in a.systems
+            for side, fns in sides.items()]
+    for spec in a.specs:
+        import dgps
+
+        rec = dgps.load(variant_spec(spec))
+        pkg = dgps.compile(rec)
+        runs.append((spec, "dgps", lambda xx, pkg=pkg: pkg.forward(**xx).o,
+                     rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda", on_device=True)))
+    for system, side, fn, x in runs:
         do = torch.randn_like(x["v"])
-        for side, fns in sides.items():
-            step = fwd_bwd(fns[system], x, do)
-            for _ in range(3):
-                step()
-            r = summarise(gpu_timeline(step, tmp / f"{system}_{side}.json"), a.top)
-            print(f"{system:12s} {side:5s} span {r['span_us'] / 1e3:.3f} ms, busy {r['busy_us'] / 1e3:.3f}, "
-                  f"idle {r['idle_us'] / 1e3:.3f} over {r['ops']} GPU ops", flush=True)
-            for g, before, after in r["gaps"]:
-                print(f"    gap {g:8.1f} us  after {before}  before {after}")
-            if a.sync_check and side == "dgps":
-                with warnings.catch_warnings(record=True) as seen:
-                    warnings.simplefilter("always")
-                    torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        step()
-                        torch.cuda.synchronize()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
-                syncs = [str(w.message).splitlines()[0] for w in seen if "synchroniz" in str(w.message).lower()]
-                print(f"    synchronising calls in one step: {len(syncs)}", *syncs[:5], sep="\n      ")
+        step = fwd_bwd(fn, x, do)
+        for _ in range(3):
+            step()
+        r = summarise(gpu_timeline(step, tmp / f"{system}_{side}.json"), a.top)
+        print(f"{system:12s} {side:5s} span {r['span_us'] / 1e3:.3f} ms, busy {r['busy_us'] / 1e3:.3f}, "
+              f"idle {r['idle_us'] / 1e3:.3f} over {r['ops']} GPU ops", flush=True)
+        for g, before, after in r["gaps"]:
+            print(f"    gap {g:8.1f} us  after {before}  before {after}")
+        if a.sync_check and side == "dgps":
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    step()
+                    torch.cuda.synchronize()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [str(w.message).splitlines()[0] for w in seen if "synchroniz" in str(w.message).lower()]
+            print(f"    synchronising calls in one step: {len(syncs)}", *syncs[:5], sep="\n      ")
     return 0
 
 
