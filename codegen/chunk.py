@@ -496,7 +496,7 @@ class _Emitter:
 
     def tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str,
              indent: int = 4, log2: bool = False, printer: str = "fwd", raw: bool = False, kcols: str = "k",
-             plain: bool = False, hi_only: bool = False) -> str:
+             plain: bool = False, hi_only: bool = False, fast_log: bool = False) -> str:
         """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
 
         printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain
@@ -507,18 +507,18 @@ class _Emitter:
         rounded to the input dtype as it enters a matmul, unscaled, so CCQ's q̂ is read as its rounded part alone (one
         16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair. Not where the
         tile is scaled first (the reverse state pass's Q̂ ⊙ e^B): rounding the rounded part again raised ccq_gdn's dS0
-        error by a sixth to a half (bf16, T = 200, interpreter).
+        error by a sixth to a half (bf16, T = 200, interpreter). `fast_log`: log nodes through `_fast_log` (triton_expr).
         """
         saved = self._kcols, self._hi_only
         self._kcols = ("o_k", "m_k", "BK") if kcols == "k" else (f"o_{kcols}", f"m_{kcols}", "BV")
         self._hi_only = hi_only
         try:
-            return self._tile(var, expr, side, rows, mask, R, indent, log2, printer, raw, plain)
+            return self._tile(var, expr, side, rows, mask, R, indent, log2, printer, raw, plain, fast_log)
         finally:
             self._kcols, self._hi_only = saved
 
     def _tile(self, var: str, expr: sp.Expr, side: str | None, rows: str, mask: str, R: str, indent: int, log2: bool,
-              printer: str, raw: bool, plain: bool = False) -> str:
+              printer: str, raw: bool, plain: bool = False, fast_log: bool = False) -> str:
         out: list[str] = []
         names = {}
         if rows == ROWS and not isinstance(expr, sp.Symbol):
@@ -529,7 +529,7 @@ class _Emitter:
             rows = "rows"
         for s in sorted(expr.free_symbols, key=lambda s: s.name):
             names[s.name] = self._sym(s.name, side, rows, mask, var, out)
-        text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names)
+        text = (triton_expr_bwd if printer == "bwd" else triton_expr)(expr, names, fast_log)
         if (self.lean or plain) and not log2 and isinstance(expr, sp.Symbol) and names[expr.name] == f"_{var}_{expr.name}":
             # a plain input, loaded as a whole tile that the load's mask already zeroes off the valid rows and
             # channels: no broadcast or select (sm_90 does not fold `0 + x`)

@@ -32,19 +32,26 @@ _FUNCS: dict[type, Callable[[str], str]] = {
 }
 
 
-def triton_expr(expr: sp.Expr, names: Mapping[str, str]) -> str:
-    """Print `expr` as a Triton expression; every free symbol must be in `names`."""
+def triton_expr(expr: sp.Expr, names: Mapping[str, str], fast_log: bool = False) -> str:
+    """Print `expr` as a Triton expression; every free symbol must be in `names`.
+
+    `fast_log`: the spec's log nodes go through the kernel module's `_fast_log` (the SFU's lg2.approx, 7 instructions
+    against libdevice logf's ~32; absolute error ≤ 2^-22.6 · ln 2). For maps whose output only feeds smooth functions
+    (the PDN preconditioner's), where the log dominated the per-element instructions; the log-gates keep the exact
+    form (their errors sum along the sequence)."""
     if expr.is_Symbol:
         return names[expr.name]
     if expr.is_Number:
         return _num(expr)
     if expr.is_Add:
-        return "(" + " + ".join(triton_expr(a, names) for a in expr.args) + ")"
+        return "(" + " + ".join(triton_expr(a, names, fast_log) for a in expr.args) + ")"
     if expr.is_Mul:
-        return "(" + " * ".join(triton_expr(a, names) for a in expr.args) + ")"
+        return "(" + " * ".join(triton_expr(a, names, fast_log) for a in expr.args) + ")"
+    if fast_log and isinstance(expr, sp.log):
+        return f"_fast_log({triton_expr(expr.args[0], names, fast_log)}, INTERPRET)"
     if expr.is_Pow:
         base, ex = expr.args
-        b = triton_expr(base, names)
+        b = triton_expr(base, names, fast_log)
         if ex.is_Integer and 1 <= int(ex) <= 4:
             return "(" + " * ".join([b] * int(ex)) + ")"
         if ex.is_Integer and -4 <= int(ex) <= -1:
@@ -54,9 +61,9 @@ def triton_expr(expr: sp.Expr, names: Mapping[str, str]) -> str:
         if ex == sp.Rational(-1, 2):
             return f"(1.0 / tl.sqrt({b}))"
         if base.is_Number:  # c ** x = exp(x log c), c > 0 checked by the spec's domain rules
-            return f"tl.exp({triton_expr(ex, names)} * {_num(sp.log(base))})"
-        return f"tl.exp({triton_expr(ex, names)} * tl.log({b}))"
+            return f"tl.exp({triton_expr(ex, names, fast_log)} * {_num(sp.log(base))})"
+        return f"tl.exp({triton_expr(ex, names, fast_log)} * tl.log({b}))"
     fn = _FUNCS.get(type(expr))
     if fn is not None:
-        return fn(triton_expr(expr.args[0], names))
+        return fn(triton_expr(expr.args[0], names, fast_log))
     raise NotImplementedError(f"no Triton rule for {type(expr).__name__}: {expr}")

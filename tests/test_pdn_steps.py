@@ -74,3 +74,23 @@ def test_chunk_start_carries_do_not_depend_on_the_step(monkeypatch: pytest.Monke
     heads = carries[64].numel() // (16 * ((CU[-1] + 63) // 64 + len(CU) - 1))  # the buffer's bound on the chunk count
     a64, a256 = (carries[r].reshape(-1, heads * 16)[:n_chunks] for r in (64, 256))
     assert a64.abs().sum() > 0 and _rel(a256, a64) <= 1e-6
+
+
+def test_fast_log_only_in_the_pdn_map() -> None:
+    """The PDN map's log goes through `_fast_log` (the SFU's lg2.approx on the GPU, the exact log under the
+    interpreter); every other log of a generated module — the gates' logsigmoid, softplus — keeps the exact form."""
+    import re
+
+    import sympy as sp
+
+    from dgps.codegen.chunk import render_chunk
+    from dgps.codegen.triton_expr import triton_expr
+
+    x = sp.Symbol("x", real=True)
+    assert triton_expr(sp.log(x + 1), {"x": "b_x"}, fast_log=True) == "_fast_log((1.0 + b_x), INTERPRET)"
+    assert triton_expr(sp.log(x + 1), {"x": "b_x"}) == "tl.log((1.0 + b_x))"
+    for name in ("pgdn", "pkda", "pdn"):
+        src = render_chunk(dgps.load(SPECS / f"{name}.dgps").ir)
+        kernels = re.split(r"\n@triton\.jit\n", src)
+        uses = {k.split("(", 1)[0].removeprefix("def ") for k in kernels if "_fast_log(" in k.split(":", 1)[-1]}
+        assert uses == {"chunk_precond_diag_kernel", "chunk_bwd_precond_diag_kernel"}, (name, uses)

@@ -30,6 +30,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
@@ -197,6 +198,18 @@ def chunk_l2norm_kernel(
 # (tl.associative_scan, `_decayed_sum`). The kernel is bound by its instructions per element (the scan's exchanges,
 # the map's transcendentals), so the step height moves it little: 128 rows measured fastest (compiler/plan.py).
 @triton.jit
+def _fast_log(x, INTERPRET: tl.constexpr):
+    """log x on the SFU (lg2.approx, |error| ≤ 2^-22.6 ln 2): the PDN map's log was ~32 of its kernels' ~100
+    instructions per element. lg2.approx.ftz flushes subnormals, so those are scaled by 2^24 first (exact: 0 → −inf,
+    x < 0 → NaN, as log). The interpreter has no libdevice: the exact log there (the GPU checks run this one)."""
+    if INTERPRET:
+        return tl.log(x)
+    else:
+        tiny = x < 1.1754943508222875e-38
+        return libdevice.fast_logf(tl.where(tiny, x * 16777216.0, x)) - tl.where(tiny, 16.635532333438686, 0.0)
+
+
+@triton.jit
 def chunk_precond_diag_kernel(
     p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
     HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr,
@@ -242,7 +255,7 @@ def chunk_precond_diag_kernel(
                 tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
                          mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BTS) - 1
@@ -274,7 +287,7 @@ def chunk_precond_diag_kernel(
                 tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
                          mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BTS) - 1
@@ -1060,7 +1073,7 @@ def chunk_bwd_precond_diag_kernel(
                 b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
             _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
@@ -1107,7 +1120,7 @@ def chunk_bwd_precond_diag_kernel(
                 b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
             _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
