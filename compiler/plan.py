@@ -823,7 +823,8 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
          if p.find("decay_keys") else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
-        (" - W^T dU" if p.family != "additive" else "")
+        (" - W^T dU" if p.family != "additive" else "") + \
+        (" - (E e^B)^T dR" if p.structure.route == "residual" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
