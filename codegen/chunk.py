@@ -364,8 +364,10 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
+    # stages that serve one initial state's gradient alone (launched only where that gradient is asked for)
+    state_only = {st.kind: st.attr("only_for_state") for st in bplan.stages if st.attr("only_for_state")}
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
-                cp_backward_launches=cp_bwd,
+                cp_backward_launches=cp_bwd, state_only_launches={rules[k].name: n for k, n in state_only.items()},
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
@@ -642,7 +644,7 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
-                   bwd_kept_buffers=[], cp_backward_launches=[],
+                   bwd_kept_buffers=[], cp_backward_launches=[], state_only_launches={},
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads")
     # the plan's launches and the attributes the templates follow

@@ -132,3 +132,40 @@ def test_memory_model_matches_the_kernels(name: str) -> None:
         readers = [phase[k] for k in order for b in bufs if b in mod._KERNEL_ARGS[k]]
         if readers:
             assert (max(readers) >= PEAK_PHASE) == (m.last_read >= PEAK_PHASE), (m.kind, bufs, readers)
+
+
+@pytest.mark.parametrize("name", [s for s in CHUNK if s.startswith("ccq_")])
+def test_state_only_stages_follow_the_wanted_gradients(name: str) -> None:
+    """A backward stage that serves one initial state's gradient alone (the plan's only_for_state: CCQ's
+    bwd_curvature_state, dC0) is launched only where that gradient is asked for; every other gradient is bitwise the
+    same, and through the package an absent initial state asks for none."""
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    plan = build_plan(rec.ir, 64, 16)
+    bp = build_backward_plan(plan)
+    only = {st.kind: st.attr("only_for_state") for st in bp.stages if st.attr("only_for_state")}
+    assert only == {"bwd_curvature_state": "C"}
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    do = torch.randn(1, 130, 2, 16, generator=torch.Generator().manual_seed(1))
+    full = mod.chunk_backward(x, do=do)
+    bwd = [BWD_KERNEL[k] for k in bp.kinds()]
+    launched = _launched(mod, lambda: mod.chunk_backward(x, do=do, state_grads={"S", "m"}))
+    assert launched[-len(bwd) + 1:] == [k for k in bwd if k != "chunk_bwd_curvature_state_kernel"]
+    part = mod.chunk_backward(x, do=do, state_grads={"S", "m"})
+    assert "C" not in part[1] and "C" in full[1]
+    for n, g in full[0].items():
+        assert torch.equal(g, part[0][n]), n
+    for n, g in part[1].items():
+        assert torch.equal(g, full[1][n]), n
+    # through the package: without an initial state, the launch is skipped; with one that wants a gradient, it runs
+    import importlib
+
+    pkg = dgps.compile(rec)
+    chunk = importlib.import_module(pkg.__name__ + ".chunk")
+    xs = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    names = _launched(chunk, lambda: pkg.forward(**xs).o.backward(do))
+    assert "chunk_bwd_curvature_state_kernel" not in names and "chunk_bwd_curvature_query_kernel" in names
+    init = {"S": torch.zeros(1, 2, 16, 16), "C": torch.zeros(1, 2, 16, 16, requires_grad=True),
+            "m": torch.zeros(1, 2, 16), "n": torch.zeros(1)}
+    names = _launched(chunk, lambda: pkg.forward(**xs, initial_state=init).o.backward(do))
+    assert "chunk_bwd_curvature_state_kernel" in names

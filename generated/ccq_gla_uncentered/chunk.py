@@ -2150,6 +2150,10 @@ def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_s
     return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
+# backward launches that serve one initial state's gradient alone -> that state (compiler/plan.py: only_for_state)
+_STATE_ONLY = {"bwd_curvature_state": "C"}
+
+
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
@@ -2301,14 +2305,19 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                   kept=None):
+                   kept=None, state_grads=None):
     """Gradients of `ccq_gla_uncentered` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U, the curvature sums), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
     each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
+    `state_grads`: the initial states whose gradients the caller wants (None: every one); a stage that serves only
+    another state's gradient (_STATE_ONLY, the plan's only_for_state) is not launched, and that gradient not returned.
     """
-    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, _bwd_kernels(), None)
+    kernels = _bwd_kernels()
+    if state_grads is not None:
+        kernels = [k for k in kernels if k[0] not in _STATE_ONLY or _STATE_ONLY[k[0]] in state_grads]
+    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None)
 
 
 def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks):
@@ -2404,7 +2413,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         grads[n] = g
     grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
-    dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
+    if any(k[0] == "bwd_curvature_state" for k in kernels):  # it ran: C's gradient was asked for
+        dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
     dstates["m"] = bufs["dm0"].reshape(N, H, DK)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n: g.to(initial_state[n].dtype) if n in initial_state else g for n, g in dstates.items()}

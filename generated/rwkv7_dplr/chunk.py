@@ -2118,6 +2118,10 @@ def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_s
     return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
+# backward launches that serve one initial state's gradient alone -> that state (compiler/plan.py: only_for_state)
+_STATE_ONLY = {}
+
+
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
@@ -2260,14 +2264,19 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                   kept=None):
+                   kept=None, state_grads=None):
     """Gradients of `rwkv7_dplr` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
     each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
+    `state_grads`: the initial states whose gradients the caller wants (None: every one); a stage that serves only
+    another state's gradient (_STATE_ONLY, the plan's only_for_state) is not launched, and that gradient not returned.
     """
-    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, _bwd_kernels(), None)
+    kernels = _bwd_kernels()
+    if state_grads is not None:
+        kernels = [k for k in kernels if k[0] not in _STATE_ONLY or _STATE_ONLY[k[0]] in state_grads]
+    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None)
 
 
 def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks):
