@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+import dgps
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fla import calls, fla_module, fwd_bwd, make_inputs, variant_spec  # noqa: E402
 
@@ -81,8 +83,6 @@ def main() -> int:
     runs = [(system, side, fns[system], make_inputs(system, *a.shape)) for system in a.systems
             for side, fns in sides.items()]
     for spec in a.specs:
-        import dgps
-
         rec = dgps.load(variant_spec(spec))
         pkg = dgps.compile(rec)
         runs.append((spec, "dgps", lambda xx, pkg=pkg: pkg.forward(**xx).o,

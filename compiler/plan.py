@@ -819,7 +819,7 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
         ((("decay_keys.Fg", "decay_keys.Kg") if untied else ("decay_keys.Kg",)) + ("decay_keys.Qg",) +
-         (("decay_keys.Eg",) if any(o.name == "Eg" for o in p.find("decay_keys")[0].outputs) else ())
+         (("decay_keys.Eg",) if p.structure.route == "residual" else ())
          if p.find("decay_keys") else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \

@@ -2629,7 +2629,9 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         grads[n] = g
     grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
-    if any(k[0] == "bwd_curvature_state" for k in kernels):  # it ran: C's gradient was asked for
+    # the initial states whose gradient-only stages were left out (chunk_backward's state_grads)
+    skipped = {state for name, state in _STATE_ONLY.items() if name not in {k[0] for k in kernels}}
+    if "C" not in skipped:
         dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
     dstates["m"] = bufs["dm0"].reshape(N, H, DK)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
