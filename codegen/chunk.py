@@ -366,12 +366,15 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
     # stages that serve one initial state's gradient alone (launched only where that gradient is asked for)
     state_only = {st.kind: st.attr("only_for_state") for st in bplan.stages if st.attr("only_for_state")}
+    intra = next((st for st in bplan.stages if st.kind == "bwd_intra"), None)
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
                 cp_backward_launches=cp_bwd, state_only_launches={rules[k].name: n for k, n in state_only.items()},
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan), split=split,
+                intra_diag=intra.attr("diag_blocks") if intra else None,
+                INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
                 fused_grads=_fused_grad_code(ir, em, fused, value_once=split))
 
@@ -646,7 +649,7 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[], state_only_launches={},
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False, split=False, grads_launch="bwd_grads")
+                   tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
     # the plan's launches and the attributes the templates follow
     ctx.update(forward_launches=forward_launches(plan))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)

@@ -876,8 +876,14 @@ def _bwd_intra(p: Plan) -> Stage | None:
         form = "pair gradients of Q*F, Q*W, E*-F, E*-W on 16x16 sub-blocks (erase rows decayed with " + \
             ("b_(t-1)" if excl else "b_t") + "); db_pair = q dq - f df - w dw" + ("" if excl else " + e de") + \
             " in the buffer of dg"
+        # the interaction of this family keeps its own form (chunk_interaction_dplr.jinja); the diagonal blocks here
+        # take VECTOR_DIAG_FORM's per-block products where the gates bound them ("chunk" is "blocks" in bwd_intra)
+        diag = "levels" if VECTOR_DIAG_FORM == "levels" else "blocks"
+        form += ("; diagonal blocks token by token" if diag == "levels" else
+                 "; diagonal blocks as products through one reference where the gates bound them, else token by token")
         return Stage("bwd_intra", "bwd_intra", ("dAqf", "dAqw", "dAef", "dAew"), outs,
-                     (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk)))
+                     (("form", form), ("reads", ("chunk_cumsum.b",)), ("sub_chunk", p.sub_chunk),
+                      ("diag_blocks", diag), ("diag_range_log2", DIAG_RANGE_LOG2)))
     delta = p.family == "tied"
     # with tied keys (E = A) one adjoint holds both roles' shares; the shares of the log-gate's db are written where
     # bwd_grads then leaves dg (one fp32 [T, HV, dk] buffer fewer)

@@ -196,6 +196,16 @@ def _mm_tf32(a, b, DT_ID: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _mm_tf32x3(a, b, DT_ID: tl.constexpr):
+    """fp32 operands as three tf32 products (hi·hi + hi·lo + lo·hi: ~fp32 accuracy) for 16-bit inputs, where a
+    product replaces a loop of fp32 FMAs; the interpreter and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
 # ---- stage gates + chunk_cumsum: b = chunk-local inclusive cumsum of the log-gate, in log2 units --------
 @triton.jit
 def chunk_cumsum_kernel(
@@ -1414,7 +1424,8 @@ def chunk_bwd_scores_kernel(
 #   (β_t = b_{t−1}: the erase reads the undecayed state). One program per chunk, head, block of BK key channels and row block I
 #   of 16 tokens, as the tied family's bwd_intra: rows of I against the blocks J < I through r = b at the token
 #   before I, columns of I against the blocks J > I through r' = b at I's last token (every exponent ≤ 0: β_t ≤ r for
-#   t in I, β_j ≤ r' for j after I), the diagonal block token by token in fp32.
+#   t in I, β_j ≤ r' for j after I), the diagonal block token by token in fp32, or as
+#   products through one reference where the gates bound it.
 #   Writes the pair shares of dq, de, df, dw and their share of the log-gate's db (q ⊙ dq − f ⊙ df − w ⊙ dw)
 #   into dg's buffer; e ⊙ de belongs to b_{t−1}, which bwd_grads takes from the whole de.
 @triton.jit
@@ -1456,44 +1467,72 @@ def chunk_bwd_intra_kernel(
     b_de = tl.zeros([BC, BK], dtype=tl.float32)
     b_df = tl.zeros([BC, BK], dtype=tl.float32)
     b_dw = tl.zeros([BC, BK], dtype=tl.float32)
-    # the diagonal block token by token: step s takes token s as the column of its pairs (rows t ≥ s, t > s for the
-    # erase rows) and as their row (columns j ≤ s, j < s for the erase row); every factor ≤ 1
-    for s in range(0, BC):
-        r_s = t0 + i_i * BC + s
-        rs1 = r_s + tl.arange(0, 1)
-        ms1 = rs1 < eos
-        ms = tl.where(r_s < eos, o_c < BC, False)
-        b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
-        b_brs = tl.load(g_buf + ((rs1 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(ms1 & (rs1 > t0))[:, None] & m_k[None, :], other=0.)
-
-        _b_qs_q = tl.load(p_q + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
-        _b_es_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_es = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (-1.0 * _b_es_l2norm_0), 0.)
-        _b_fs_iclr = tl.load(p_iclr + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_fs_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_fs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (_b_fs_l2norm_0 * _b_fs_iclr), 0.)
-        _b_ws_k = tl.load(p_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_ws = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_ws_k, 0.)
-        b_fq = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
-        b_fe = tl.where((o_c > s)[:, None], tl.exp2(tl.minimum(b_br - b_gs, 0.)), 0.)
-        b_hq = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
-        b_he = tl.where((o_c < s)[:, None], tl.exp2(tl.minimum(b_brs - b_g, 0.)), 0.)
-        col = rb * (HV * BT) + i_hv * BT + i_i * BC + s
-        row = r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c
-        b_dq += (tl.load(dsq_buf + col, mask=mb, other=0.)[:, None] * b_fs
-                 + tl.load(dsqw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fq
-        b_de += (tl.load(dsl_buf + col, mask=mb, other=0.)[:, None] * b_fs
-                 + tl.load(dsw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fe
-        b_df += tl.load(dsq_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
-            tl.load(dsl_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
-        b_dw += tl.load(dsqw_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
-            tl.load(dsw_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
     r_0 = t0 + i_i * BC - 1
     b_r0 = tl.load(g_buf + (r_0 * HV + i_hv) * DK + o_k, mask=tl.where(i_i > 0, tl.where(r_0 < eos, m_k, False), False),
                    other=0.)
     r_1 = t0 + i_i * BC + BC - 1
     b_r1 = tl.load(g_buf + (r_1 * HV + i_hv) * DK + o_k, mask=tl.where(r_1 < eos, m_k, False), other=0.)
+    # the diagonal block: where every channel of this key block decays by at most 2^64 over I (b_r0 − b at
+    # I's last valid token), as products with the one reference r = b_r0: e^{b_t − b_j} = e^{b_t − r} e^{r − b_j} and
+    # e^{β_t − b_j} = e^{β_t − r} e^{r − b_j}, row factors ≤ 1 (β_t ≤ r in I) and column factors ≤ 2^64; eight
+    # products of three tf32 each (fp32 accuracy, as the token loop's FMAs); else the token loop
+    r_l = tl.minimum(r_1, eos - 1)
+    b_rl = tl.load(g_buf + (r_l * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+    if tl.min((b_r0 - b_rl <= 64).to(tl.int32), 0) == 1:  # elementwise first: a NaN span fails
+        # (rows past the sequence's end load b = 0, which lies above r: capped, their 0 · e^{−r} stays 0, not NaN)
+        g_rel = tl.minimum(b_g - b_r0[None, :], 0.)
+        f_dn = tl.exp2(g_rel)
+        f_up = tl.exp2(-g_rel)
+        fe_dn = tl.exp2(tl.minimum(b_br - b_r0[None, :], 0.))
+        m_le = mb[:, None] & (o_c[:, None] >= o_c[None, :])
+        m_lt = mb[:, None] & (o_c[:, None] > o_c[None, :])
+        blk = (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :]
+        b_dqf = tl.load(dsq_buf + blk, mask=m_le, other=0.)
+        b_dqw = tl.load(dsqw_buf + blk, mask=m_le, other=0.)
+        b_def = tl.load(dsl_buf + blk, mask=m_lt, other=0.)
+        b_dew = tl.load(dsw_buf + blk, mask=m_lt, other=0.)
+        b_fu = b_f * f_up
+        b_wu = b_w * f_up
+        b_qd = b_q * f_dn
+        b_ed = b_e * fe_dn
+        b_dq += f_dn * (_mm_tf32x3(b_dqf, b_fu, DT_ID) + _mm_tf32x3(b_dqw, b_wu, DT_ID))
+        b_de += fe_dn * (_mm_tf32x3(b_def, b_fu, DT_ID) + _mm_tf32x3(b_dew, b_wu, DT_ID))
+        b_df += f_up * (_mm_tf32x3(tl.trans(b_dqf), b_qd, DT_ID) + _mm_tf32x3(tl.trans(b_def), b_ed, DT_ID))
+        b_dw += f_up * (_mm_tf32x3(tl.trans(b_dqw), b_qd, DT_ID) + _mm_tf32x3(tl.trans(b_dew), b_ed, DT_ID))
+    else:
+        # the diagonal block token by token: step s takes token s as the column of its pairs (rows t ≥ s, t > s for the
+        # erase rows) and as their row (columns j ≤ s, j < s for the erase row); every factor ≤ 1
+        for s in range(0, BC):
+            r_s = t0 + i_i * BC + s
+            rs1 = r_s + tl.arange(0, 1)
+            ms1 = rs1 < eos
+            ms = tl.where(r_s < eos, o_c < BC, False)
+            b_gs = tl.load(g_buf + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.)
+            b_brs = tl.load(g_buf + ((rs1 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(ms1 & (rs1 > t0))[:, None] & m_k[None, :], other=0.)
+
+            _b_qs_q = tl.load(p_q + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_qs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_qs_q, 0.)
+            _b_es_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_es = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (-1.0 * _b_es_l2norm_0), 0.)
+            _b_fs_iclr = tl.load(p_iclr + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_fs_l2norm_0 = tl.load(p_l2norm_0 + (rs1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_fs = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + (_b_fs_l2norm_0 * _b_fs_iclr), 0.)
+            _b_ws_k = tl.load(p_k + (rs1[:, None] * H + i_h) * DK + o_k[None, :], mask=ms1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_ws = tl.where(ms1[:, None] & m_k[None, :], tl.zeros([1, BK], dtype=tl.float32) + _b_ws_k, 0.)
+            b_fq = tl.where((o_c >= s)[:, None], tl.exp2(tl.minimum(b_g - b_gs, 0.)), 0.)
+            b_fe = tl.where((o_c > s)[:, None], tl.exp2(tl.minimum(b_br - b_gs, 0.)), 0.)
+            b_hq = tl.where((o_c <= s)[:, None], tl.exp2(tl.minimum(b_gs - b_g, 0.)), 0.)
+            b_he = tl.where((o_c < s)[:, None], tl.exp2(tl.minimum(b_brs - b_g, 0.)), 0.)
+            col = rb * (HV * BT) + i_hv * BT + i_i * BC + s
+            row = r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c
+            b_dq += (tl.load(dsq_buf + col, mask=mb, other=0.)[:, None] * b_fs
+                     + tl.load(dsqw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fq
+            b_de += (tl.load(dsl_buf + col, mask=mb, other=0.)[:, None] * b_fs
+                     + tl.load(dsw_buf + col, mask=mb, other=0.)[:, None] * b_ws) * b_fe
+            b_df += tl.load(dsq_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
+                tl.load(dsl_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
+            b_dw += tl.load(dsqw_buf + row, mask=ms, other=0.)[:, None] * b_qs * b_hq + \
+                tl.load(dsw_buf + row, mask=ms, other=0.)[:, None] * b_es * b_he
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
     b_ace = tl.zeros([BC, BK], dtype=tl.float32)
     b_acf = tl.zeros([BC, BK], dtype=tl.float32)
