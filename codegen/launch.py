@@ -19,8 +19,9 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int, int]:
-    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV.
+def table_launch(name: str, DK: int, DV: int, decay: str, family: str) -> tuple[int, int, int, int]:
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind and a family (additive,
+    tied, untied: compiler/plan.py), which pick the stage's template.
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -33,6 +34,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str) -> tuple[int, int, int
     if name == "l2norm":
         return BK, bv_full, 4, 1
     if name == "interaction":
+        if family == "untied":
+            # chunk_interaction_dplr.jinja (four decayed matrices, the solve on one): H200, RWKV-7 (dplr) 1.70 ms at
+            # BK 32 / 2 warps (run 32), 2.27 at the tied form's BK 16 / 4 warps (run 71; compile report 255 registers
+            # + 144 B spill at dk = 128)
+            return min(32, BK), bv_full, 2, 1
         if decay == "vector":
             # one batched product per level of hierarchical references (chunk_interaction_vector.jinja). Compile report
             # (kda, dk = 128, sm_90): BK 16 / 4 warps 202 registers, no spill (2 programs per SM), 47.4 K warp
@@ -192,10 +198,10 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def format_launches(stages: list[str], DK: int, DV: int, decay: str) -> str:
+def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str) -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
     lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides):"]
     for name in stages:
-        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay)
+        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay, family)
         lines.append(f"    {name:<20} BK={BK:<4} BV={BV:<4} warps={warps} stages={num_stages}")
     return "\n".join(lines)

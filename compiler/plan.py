@@ -528,6 +528,9 @@ def rule_interaction(b: _Builder) -> None:
     # E⋆⁻F stays in registers for the fused solve; the three others are matmul operands, held in the input dtype
     outs = [b.new(m[0], MATRIX, "fp32" if m[0] == "Aef" else "in") for m in mats]
     mats = tuple((o.name, *m[1:]) for o, m in zip(outs, mats, strict=True))
+    # this family's template (chunk_interaction_dplr.jinja) has the "levels" form and the "chunk" one (a chunk within
+    # the bound: one product per matrix and key block); "blocks" is its levels
+    attrs.update(diag_blocks="chunk" if VECTOR_DIAG_FORM == "chunk" else "levels", diag_range_log2=DIAG_RANGE_LOG2)
     b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
 
 

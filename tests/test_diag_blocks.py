@@ -133,33 +133,38 @@ def _untied(name: str) -> dgps.Recurrence:
     return dgps.load(SPECS / f"{name}.dgps" if name == "rwkv7_dplr" else SPECS.parent / "tests" / f"{name}.dgps")
 
 
-def _grads(rec: dgps.Recurrence, x: dict, do: torch.Tensor, form: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+def _grads(rec: dgps.Recurrence, x: dict, do: torch.Tensor, form: str, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", form)
     mod = load_chunk(rec.ir)
-    _, kept = mod.chunk_forward_train(x)
+    out, kept = mod.chunk_forward_train(x)
     got, _ = mod.chunk_backward(x, do=do, kept=kept)
-    return got
+    return out, got
 
 
+@pytest.mark.parametrize("form", ["blocks", "chunk"])
 @pytest.mark.parametrize("name", ["rwkv7_dplr", "dplr_decayed"])
-def test_untied_bwd_intra_bounded_blocks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The untied family's bwd_intra (chunk_bwd_intra_dplr.jinja) takes the diagonal blocks' eight products where the
-    gates bound them: every gradient meets float64 autograd through the reference, and differs from the token loop's
-    by rounding (so the products were taken); with strong gates no block is within the bound and both run the token
-    loop, bit for bit. Both erase readings (rows decayed with b_{t-1} or b_t)."""
+def test_untied_bounded_forms(name: str, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The untied family's kernels take the gates-bounded products: bwd_intra's diagonal blocks (chunk_bwd_intra_dplr.jinja,
+    both forms) and, in the "chunk" form, the interaction's four matrices through one reference per chunk
+    (chunk_interaction_dplr.jinja). Gates logsigmoid(z)·0.05 keep every chunk within the bound: the output and every
+    gradient meet float64 autograd through the reference and differ from the levels' by rounding (the products were
+    taken; the "blocks" forward is the levels', bit for bit). With strong gates nothing is within the bound and both
+    forms run the levels, bit for bit. Both erase readings (rows decayed with b_{t-1} or b_t)."""
     rec = _untied(name)
-    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "blocks")
-    bp = plan_module.build_backward_plan(plan_module.build_plan(rec.ir, 64, 16))
+    monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", form)
+    bp = plan_module.build_backward_plan(p := plan_module.build_plan(rec.ir, 64, 16))
     assert next(st for st in bp.stages if st.kind == "bwd_intra").attr("diag_blocks") == "blocks"
-    for scale, taken in ((1.0, True), (20.0, False)):
+    assert p.stage("interaction").attr("diag_blocks") == ("chunk" if form == "chunk" else "levels")
+    for scale, taken in ((0.05, True), (20.0, False)):
         x = _inputs(rec, 90, ((0, 90, scale),), seed=7)
         do = torch.randn(1, 90, 2, 32, generator=torch.Generator().manual_seed(8))
-        x64 = {k: v.double().requires_grad_() for k, v in x.items()}
-        want = torch.autograd.grad((rec.reference(**x64).o * do.double()).sum(), list(x64.values())) if taken else x64.values()
-        bounded, levels = _grads(rec, x, do, "blocks", monkeypatch), _grads(rec, x, do, "levels", monkeypatch)
-        for (k, _), w in zip(x64.items(), want, strict=True):
-            # (strong gates' accuracy, with its gate-scale rule, is tests/test_chunk_backward.py::test_strong_gates')
-            if taken:
-                assert _rel(bounded[k], w) <= 1e-5, (k, _rel(bounded[k], w))
-        differs = any(not torch.equal(bounded[k], levels[k]) for k in x)
-        assert differs == taken, (scale, differs)
+        (out, got), (out_l, got_l) = _grads(rec, x, do, form, monkeypatch), _grads(rec, x, do, "levels", monkeypatch)
+        assert torch.equal(out.o, out_l.o) == (form == "blocks" or not taken)
+        assert any(not torch.equal(got[k], got_l[k]) for k in x) == taken
+        if taken:  # (strong gates' accuracy, with its gate-scale rule: tests/test_chunk_backward.py::test_strong_gates)
+            x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+            ref = rec.reference(**x64)
+            assert _rel(out.o, ref.o) <= 1e-5
+            want = torch.autograd.grad((ref.o * do.double()).sum(), list(x64.values()))
+            for k, w in zip(x64, want, strict=True):
+                assert _rel(got[k], w) <= 1e-5, (k, _rel(got[k], w))

@@ -50,6 +50,7 @@ BT = 64
 BC = 16
 BTS = 128  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
 DECAY = "vector"
+FAMILY = "tied"
 DELTA = True
 ROUTE = "none"
 
@@ -1596,7 +1597,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 def launch_config(name, DK, DV):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
-    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY), DV, DK)
+    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY), DV, DK)
 
 
 def _chunk_layout(lens, device):

@@ -50,6 +50,7 @@ NAME = "rwkv7_dplr"
 BT = 64
 BC = 16
 DECAY = "vector"
+FAMILY = "untied"
 DELTA = True
 ROUTE = "none"
 
@@ -261,276 +262,334 @@ def chunk_interaction_kernel(
     mb2 = rb2 < eos
     rb3 = t0 + 48 + o_c
     mb3 = rb3 < eos
-    # -- phase 1: the erase rows, M = E⋆⁻F, N = E⋆⁻W
-    M0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+    # Where every key channel decays by at most 2^64 over the whole chunk (0 − b at its last valid row), one
+    # reference for the chunk (r = 0): one product per matrix and key block, the solve's blocks of E⋆⁻F taken from the
+    # result; else the levels. An elementwise test, then its minimum: a NaN span (−∞ − (−∞)) fails it.
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    last = t0 + tl.minimum(eos - t0, BT) - 1
+    m_span = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        # -- row block 0
-        bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        br0 = tl.load(g_buf + ((rb0 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb0 & (rb0 > t0))[:, None] & m_k[None, :], other=0.)
-        _b_e0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e0_l2norm_0), 0.)
-        _b_f0_iclr = tl.load(p_iclr + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f0_l2norm_0 * _b_f0_iclr), 0.)
-        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
-        # diagonal block: one level of token pairs per halving of the block
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        # -- row block 1
-        bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        br1 = tl.load(g_buf + ((rb1 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb1 & (rb1 > t0))[:, None] & m_k[None, :], other=0.)
-        _b_e1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e1_l2norm_0), 0.)
-        _b_f1_iclr = tl.load(p_iclr + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f1_l2norm_0 * _b_f1_iclr), 0.)
-        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
-        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
-        xr1 = b_e1 * tl.exp2(tl.minimum(br1 - rg1[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
-        M1_0 += _mm_tf32(xr1, tl.trans(b_f0 * dc), DT_ID)
-        N1_0 += _mm_tf32(xr1, tl.trans(b_w0 * dc), DT_ID)
-        # diagonal block: one level of token pairs per halving of the block
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        # -- row block 2
-        bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        br2 = tl.load(g_buf + ((rb2 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb2 & (rb2 > t0))[:, None] & m_k[None, :], other=0.)
-        _b_e2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e2_l2norm_0), 0.)
-        _b_f2_iclr = tl.load(p_iclr + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f2_l2norm_0 * _b_f2_iclr), 0.)
-        _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
-        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
-        xr2 = b_e2 * tl.exp2(tl.minimum(br2 - rg2[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
-        M2_0 += _mm_tf32(xr2, tl.trans(b_f0 * dc), DT_ID)
-        N2_0 += _mm_tf32(xr2, tl.trans(b_w0 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
-        M2_1 += _mm_tf32(xr2, tl.trans(b_f1 * dc), DT_ID)
-        N2_1 += _mm_tf32(xr2, tl.trans(b_w1 * dc), DT_ID)
-        # diagonal block: one level of token pairs per halving of the block
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        # -- row block 3
-        bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-        br3 = tl.load(g_buf + ((rb3 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb3 & (rb3 > t0))[:, None] & m_k[None, :], other=0.)
-        _b_e3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e3_l2norm_0), 0.)
-        _b_f3_iclr = tl.load(p_iclr + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f3_l2norm_0 * _b_f3_iclr), 0.)
-        _b_w3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w3_k, 0.)
-        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
-        xr3 = b_e3 * tl.exp2(tl.minimum(br3 - rg3[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
-        M3_0 += _mm_tf32(xr3, tl.trans(b_f0 * dc), DT_ID)
-        N3_0 += _mm_tf32(xr3, tl.trans(b_w0 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
-        M3_1 += _mm_tf32(xr3, tl.trans(b_f1 * dc), DT_ID)
-        N3_1 += _mm_tf32(xr3, tl.trans(b_w1 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
-        M3_2 += _mm_tf32(xr3, tl.trans(b_f2 * dc), DT_ID)
-        N3_2 += _mm_tf32(xr3, tl.trans(b_w2 * dc), DT_ID)
-        # diagonal block: one level of token pairs per halving of the block
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+        m_span = tl.maximum(m_span, -tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=o_k < DK, other=0.),
+                            propagate_nan=tl.PropagateNan.ALL)
+    one_ref = tl.min((m_span <= 64).to(tl.int32), 0) == 1
+    if one_ref:
+        # -- phase 1: the erase rows, E⋆⁻F and E⋆⁻W (strict)
+        MF = tl.zeros([BT, BT], dtype=tl.float32)
+        MW = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_br = tl.load(g_buf + ((rows - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(m_r & (rows > t0))[:, None] & m_k[None, :], other=0.)
+            _b_x_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-1.0 * _b_x_l2norm_0), 0.)
+            _b_f_iclr = tl.load(p_iclr + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_f_l2norm_0 * _b_f_iclr), 0.)
+            _b_w_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_w_k, 0.)
+            # (rows past the sequence's end load b = 0 and zero operands)
+            b_x = b_x * tl.exp2(tl.minimum(b_br, 0.))
+            d_up = tl.exp2(-b_g)
+            MF += _mm_tf32(b_x, tl.trans(b_f * d_up), DT_ID)
+            MW += _mm_tf32(b_x, tl.trans(b_w * d_up), DT_ID)
+        m_lt = o_t[:, None] > o_t[None, :]
+        tl.store(aew_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_lt, MW, 0.), aew_buf, DT_ID),
+                 mask=m_r[:, None])
+        MF4 = tl.reshape(tl.where(m_lt, MF, 0.), [4, BC, 4, BC])
+        o_i = tl.arange(0, 4)
+        # row block 0's blocks of E⋆⁻F
+        MI = tl.sum(tl.where((o_i == 0)[:, None, None, None], MF4, 0.), 0)
+        M0_0 = tl.sum(tl.where((o_i == 0)[None, :, None], MI, 0.), 1)
+        # row block 1's blocks of E⋆⁻F
+        MI = tl.sum(tl.where((o_i == 1)[:, None, None, None], MF4, 0.), 0)
+        M1_0 = tl.sum(tl.where((o_i == 0)[None, :, None], MI, 0.), 1)
+        M1_1 = tl.sum(tl.where((o_i == 1)[None, :, None], MI, 0.), 1)
+        # row block 2's blocks of E⋆⁻F
+        MI = tl.sum(tl.where((o_i == 2)[:, None, None, None], MF4, 0.), 0)
+        M2_0 = tl.sum(tl.where((o_i == 0)[None, :, None], MI, 0.), 1)
+        M2_1 = tl.sum(tl.where((o_i == 1)[None, :, None], MI, 0.), 1)
+        M2_2 = tl.sum(tl.where((o_i == 2)[None, :, None], MI, 0.), 1)
+        # row block 3's blocks of E⋆⁻F
+        MI = tl.sum(tl.where((o_i == 3)[:, None, None, None], MF4, 0.), 0)
+        M3_0 = tl.sum(tl.where((o_i == 0)[None, :, None], MI, 0.), 1)
+        M3_1 = tl.sum(tl.where((o_i == 1)[None, :, None], MI, 0.), 1)
+        M3_2 = tl.sum(tl.where((o_i == 2)[None, :, None], MI, 0.), 1)
+        M3_3 = tl.sum(tl.where((o_i == 3)[None, :, None], MI, 0.), 1)
+    else:
+        # -- phase 1: the erase rows, M = E⋆⁻F, N = E⋆⁻W
+        M0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            # -- row block 0
+            bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+            br0 = tl.load(g_buf + ((rb0 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb0 & (rb0 > t0))[:, None] & m_k[None, :], other=0.)
+            _b_e0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e0_l2norm_0), 0.)
+            _b_f0_iclr = tl.load(p_iclr + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f0_l2norm_0 * _b_f0_iclr), 0.)
+            _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+            # diagonal block: one level of token pairs per halving of the block
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e0 * tl.exp2(-tl.abs(br0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            # -- row block 1
+            bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+            br1 = tl.load(g_buf + ((rb1 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb1 & (rb1 > t0))[:, None] & m_k[None, :], other=0.)
+            _b_e1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e1_l2norm_0), 0.)
+            _b_f1_iclr = tl.load(p_iclr + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f1_l2norm_0 * _b_f1_iclr), 0.)
+            _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+            rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
+            xr1 = b_e1 * tl.exp2(tl.minimum(br1 - rg1[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
+            M1_0 += _mm_tf32(xr1, tl.trans(b_f0 * dc), DT_ID)
+            N1_0 += _mm_tf32(xr1, tl.trans(b_w0 * dc), DT_ID)
+            # diagonal block: one level of token pairs per halving of the block
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e1 * tl.exp2(-tl.abs(br1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            # -- row block 2
+            bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+            br2 = tl.load(g_buf + ((rb2 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb2 & (rb2 > t0))[:, None] & m_k[None, :], other=0.)
+            _b_e2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e2_l2norm_0), 0.)
+            _b_f2_iclr = tl.load(p_iclr + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f2_l2norm_0 * _b_f2_iclr), 0.)
+            _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
+            rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
+            xr2 = b_e2 * tl.exp2(tl.minimum(br2 - rg2[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
+            M2_0 += _mm_tf32(xr2, tl.trans(b_f0 * dc), DT_ID)
+            N2_0 += _mm_tf32(xr2, tl.trans(b_w0 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
+            M2_1 += _mm_tf32(xr2, tl.trans(b_f1 * dc), DT_ID)
+            N2_1 += _mm_tf32(xr2, tl.trans(b_w1 * dc), DT_ID)
+            # diagonal block: one level of token pairs per halving of the block
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e2 * tl.exp2(-tl.abs(br2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            # -- row block 3
+            bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+            br3 = tl.load(g_buf + ((rb3 - 1)[:, None] * HV + i_hv) * DK + o_k[None, :], mask=(mb3 & (rb3 > t0))[:, None] & m_k[None, :], other=0.)
+            _b_e3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (-1.0 * _b_e3_l2norm_0), 0.)
+            _b_f3_iclr = tl.load(p_iclr + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f3_l2norm_0 * _b_f3_iclr), 0.)
+            _b_w3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w3_k, 0.)
+            rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
+            xr3 = b_e3 * tl.exp2(tl.minimum(br3 - rg3[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
+            M3_0 += _mm_tf32(xr3, tl.trans(b_f0 * dc), DT_ID)
+            N3_0 += _mm_tf32(xr3, tl.trans(b_w0 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
+            M3_1 += _mm_tf32(xr3, tl.trans(b_f1 * dc), DT_ID)
+            N3_1 += _mm_tf32(xr3, tl.trans(b_w1 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
+            M3_2 += _mm_tf32(xr3, tl.trans(b_f2 * dc), DT_ID)
+            N3_2 += _mm_tf32(xr3, tl.trans(b_w2 * dc), DT_ID)
+            # diagonal block: one level of token pairs per halving of the block
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_e3 * tl.exp2(-tl.abs(br3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
 
-    # E⋆⁻W (zero on and above the diagonal)
-    tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N0_0, aew_buf, DT_ID), mask=mb0[:, None])
-    tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N1_0, aew_buf, DT_ID), mask=mb1[:, None])
-    tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N1_1, aew_buf, DT_ID), mask=mb1[:, None])
-    tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N2_0, aew_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N2_1, aew_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N2_2, aew_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N3_0, aew_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N3_1, aew_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N3_2, aew_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(N3_3, aew_buf, DT_ID), mask=mb3[:, None])
+        # E⋆⁻W (zero on and above the diagonal)
+        tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N0_0, aew_buf, DT_ID), mask=mb0[:, None])
+        tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aew_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N1_0, aew_buf, DT_ID), mask=mb1[:, None])
+        tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N1_1, aew_buf, DT_ID), mask=mb1[:, None])
+        tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(aew_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N2_0, aew_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N2_1, aew_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N2_2, aew_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aew_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aew_buf.dtype.element_ty), mask=mb2[:, None])
+        tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N3_0, aew_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N3_1, aew_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N3_2, aew_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aew_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(N3_3, aew_buf, DT_ID), mask=mb3[:, None])
 
     # -- triangular_solve: diagonal blocks (I − [E⋆⁻F]_II)⁻¹ by forward substitution (one loop per block)
     ai0_0 = eye
@@ -583,296 +642,323 @@ def chunk_interaction_kernel(
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _round(ai3_1, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai3_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _round(ai3_3, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
-    # -- phase 2: the query rows, M = Q⋆F, N = Q⋆W
-    M0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N0_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N1_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N1_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    N2_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_1 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_2 = tl.zeros([BC, BC], dtype=tl.float32)
-    M3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    N3_3 = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        # -- row block 0
-        bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
-        _b_q0_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
-        _b_f0_iclr = tl.load(p_iclr + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f0_l2norm_0 * _b_f0_iclr), 0.)
-        _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
-        # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
-        M0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_f0, 1)[:, None], 0.)
-        N0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_w0, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
-        N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
-        # -- row block 1
-        bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
-        _b_q1_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
-        _b_f1_iclr = tl.load(p_iclr + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f1_l2norm_0 * _b_f1_iclr), 0.)
-        _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
-        rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
-        xr1 = b_q1 * tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
-        M1_0 += _mm_tf32(xr1, tl.trans(b_f0 * dc), DT_ID)
-        N1_0 += _mm_tf32(xr1, tl.trans(b_w0 * dc), DT_ID)
-        # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
-        M1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_f1, 1)[:, None], 0.)
-        N1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_w1, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
-        N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
-        # -- row block 2
-        bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
-        _b_q2_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
-        _b_f2_iclr = tl.load(p_iclr + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f2_l2norm_0 * _b_f2_iclr), 0.)
-        _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
-        rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
-        xr2 = b_q2 * tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
-        M2_0 += _mm_tf32(xr2, tl.trans(b_f0 * dc), DT_ID)
-        N2_0 += _mm_tf32(xr2, tl.trans(b_w0 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
-        M2_1 += _mm_tf32(xr2, tl.trans(b_f1 * dc), DT_ID)
-        N2_1 += _mm_tf32(xr2, tl.trans(b_w1 * dc), DT_ID)
-        # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
-        M2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_f2, 1)[:, None], 0.)
-        N2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_w2, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
-        N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
-        # -- row block 3
-        bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
-        _b_q3_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
-        _b_f3_iclr = tl.load(p_iclr + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        _b_f3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_f3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f3_l2norm_0 * _b_f3_iclr), 0.)
-        _b_w3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_w3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w3_k, 0.)
-        rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
-        xr3 = b_q3 * tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
-        M3_0 += _mm_tf32(xr3, tl.trans(b_f0 * dc), DT_ID)
-        N3_0 += _mm_tf32(xr3, tl.trans(b_w0 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
-        M3_1 += _mm_tf32(xr3, tl.trans(b_f1 * dc), DT_ID)
-        N3_1 += _mm_tf32(xr3, tl.trans(b_w1 * dc), DT_ID)
-        dc = tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
-        M3_2 += _mm_tf32(xr3, tl.trans(b_f2 * dc), DT_ID)
-        N3_2 += _mm_tf32(xr3, tl.trans(b_w2 * dc), DT_ID)
-        # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
-        M3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_f3, 1)[:, None], 0.)
-        N3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_w3, 1)[:, None], 0.)
-        o_ref = (o_c // 16) * 16 + 7
-        m_hi = (o_c % 16) >= 8
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 8) * 8 + 3
-        m_hi = (o_c % 8) >= 4
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 4) * 4 + 1
-        m_hi = (o_c % 4) >= 2
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
-        o_ref = (o_c // 2) * 2 + 0
-        m_hi = (o_c % 2) >= 1
-        b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
-                        mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
-        # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
-        x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
-        m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
-        M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
-        N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+    if one_ref:
+        # -- phase 2: the query rows, Q⋆F and Q⋆W (j ≤ t)
+        MF = tl.zeros([BT, BT], dtype=tl.float32)
+        MW = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_br = b_g
+            _b_x_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_x_q, 0.)
+            _b_f_iclr = tl.load(p_iclr + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_f_l2norm_0 * _b_f_iclr), 0.)
+            _b_w_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_w_k, 0.)
+            # (rows past the sequence's end load b = 0 and zero operands)
+            b_x = b_x * tl.exp2(tl.minimum(b_br, 0.))
+            d_up = tl.exp2(-b_g)
+            MF += _mm_tf32(b_x, tl.trans(b_f * d_up), DT_ID)
+            MW += _mm_tf32(b_x, tl.trans(b_w * d_up), DT_ID)
+        m_le = o_t[:, None] >= o_t[None, :]
+        tl.store(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_le, MF, 0.), s_buf, DT_ID),
+                 mask=m_r[:, None])
+        tl.store(aqw_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_le, MW, 0.), aqw_buf, DT_ID),
+                 mask=m_r[:, None])
+    else:
+        # -- phase 2: the query rows, M = Q⋆F, N = Q⋆W
+        M0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N0_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N1_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N1_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        N2_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_0 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_1 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_2 = tl.zeros([BC, BC], dtype=tl.float32)
+        M3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+        N3_3 = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            # -- row block 0
+            bg0 = tl.load(g_buf + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
+            _b_q0_q = tl.load(p_q + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q0_q, 0.)
+            _b_f0_iclr = tl.load(p_iclr + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f0_l2norm_0 = tl.load(p_l2norm_0 + (rb0[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f0_l2norm_0 * _b_f0_iclr), 0.)
+            _b_w0_k = tl.load(p_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w0_k, 0.)
+            # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
+            M0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_f0, 1)[:, None], 0.)
+            N0_0 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q0 * b_w0, 1)[:, None], 0.)
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 0 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 0 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q0 * tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg0 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f0 * d_dn), DT_ID), 0.)
+            N0_0 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w0 * d_dn), DT_ID), 0.)
+            # -- row block 1
+            bg1 = tl.load(g_buf + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
+            _b_q1_q = tl.load(p_q + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q1_q, 0.)
+            _b_f1_iclr = tl.load(p_iclr + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f1_l2norm_0 = tl.load(p_l2norm_0 + (rb1[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f1_l2norm_0 * _b_f1_iclr), 0.)
+            _b_w1_k = tl.load(p_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w1_k, 0.)
+            rg1 = tl.load(g_buf + ((t0 + 15) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 15 < eos, m_k, False), other=0.)
+            xr1 = b_q1 * tl.exp2(tl.minimum(bg1 - rg1[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg1[None, :] - bg0, 0.))
+            M1_0 += _mm_tf32(xr1, tl.trans(b_f0 * dc), DT_ID)
+            N1_0 += _mm_tf32(xr1, tl.trans(b_w0 * dc), DT_ID)
+            # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
+            M1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_f1, 1)[:, None], 0.)
+            N1_1 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q1 * b_w1, 1)[:, None], 0.)
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 16 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 16 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q1 * tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg1 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f1 * d_dn), DT_ID), 0.)
+            N1_1 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w1 * d_dn), DT_ID), 0.)
+            # -- row block 2
+            bg2 = tl.load(g_buf + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
+            _b_q2_q = tl.load(p_q + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q2_q, 0.)
+            _b_f2_iclr = tl.load(p_iclr + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f2_l2norm_0 = tl.load(p_l2norm_0 + (rb2[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f2_l2norm_0 * _b_f2_iclr), 0.)
+            _b_w2_k = tl.load(p_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w2_k, 0.)
+            rg2 = tl.load(g_buf + ((t0 + 31) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 31 < eos, m_k, False), other=0.)
+            xr2 = b_q2 * tl.exp2(tl.minimum(bg2 - rg2[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg2[None, :] - bg0, 0.))
+            M2_0 += _mm_tf32(xr2, tl.trans(b_f0 * dc), DT_ID)
+            N2_0 += _mm_tf32(xr2, tl.trans(b_w0 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg2[None, :] - bg1, 0.))
+            M2_1 += _mm_tf32(xr2, tl.trans(b_f1 * dc), DT_ID)
+            N2_1 += _mm_tf32(xr2, tl.trans(b_w1 * dc), DT_ID)
+            # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
+            M2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_f2, 1)[:, None], 0.)
+            N2_2 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q2 * b_w2, 1)[:, None], 0.)
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 32 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 32 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q2 * tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg2 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f2 * d_dn), DT_ID), 0.)
+            N2_2 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w2 * d_dn), DT_ID), 0.)
+            # -- row block 3
+            bg3 = tl.load(g_buf + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
+            _b_q3_q = tl.load(p_q + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_q3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q3_q, 0.)
+            _b_f3_iclr = tl.load(p_iclr + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            _b_f3_l2norm_0 = tl.load(p_l2norm_0 + (rb3[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_f3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_f3_l2norm_0 * _b_f3_iclr), 0.)
+            _b_w3_k = tl.load(p_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_w3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_w3_k, 0.)
+            rg3 = tl.load(g_buf + ((t0 + 47) * HV + i_hv) * DK + o_k, mask=tl.where(t0 + 47 < eos, m_k, False), other=0.)
+            xr3 = b_q3 * tl.exp2(tl.minimum(bg3 - rg3[None, :], 0.))
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg0, 0.))
+            M3_0 += _mm_tf32(xr3, tl.trans(b_f0 * dc), DT_ID)
+            N3_0 += _mm_tf32(xr3, tl.trans(b_w0 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg1, 0.))
+            M3_1 += _mm_tf32(xr3, tl.trans(b_f1 * dc), DT_ID)
+            N3_1 += _mm_tf32(xr3, tl.trans(b_w1 * dc), DT_ID)
+            dc = tl.exp2(tl.minimum(rg3[None, :] - bg2, 0.))
+            M3_2 += _mm_tf32(xr3, tl.trans(b_f2 * dc), DT_ID)
+            N3_2 += _mm_tf32(xr3, tl.trans(b_w2 * dc), DT_ID)
+            # diagonal block: the t = j terms (no decay), then one level of token pairs per halving of the block
+            M3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_f3, 1)[:, None], 0.)
+            N3_3 += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q3 * b_w3, 1)[:, None], 0.)
+            o_ref = (o_c // 16) * 16 + 7
+            m_hi = (o_c % 16) >= 8
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 16) == (o_c[None, :] // 16)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 8) * 8 + 3
+            m_hi = (o_c % 8) >= 4
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 8) == (o_c[None, :] // 8)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 4) * 4 + 1
+            m_hi = (o_c % 4) >= 2
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 4) == (o_c[None, :] // 4)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
+            o_ref = (o_c // 2) * 2 + 0
+            m_hi = (o_c % 2) >= 1
+            b_ref = tl.load(g_buf + ((t0 + 48 + o_ref)[:, None] * HV + i_hv) * DK + o_k[None, :],
+                            mask=((t0 + 48 + o_ref) < eos)[:, None] & m_k[None, :], other=0.)
+            # rows in the second half decay to r from below (b_t or b_{t−1} ≤ r), columns in the first half from above
+            x_up = tl.where(m_hi[:, None], b_q3 * tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            d_dn = tl.where((~m_hi)[:, None], tl.exp2(-tl.abs(bg3 - b_ref)), 0.)
+            m_pair = ((o_c[:, None] // 2) == (o_c[None, :] // 2)) & m_hi[:, None] & (~m_hi)[None, :]
+            M3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_f3 * d_dn), DT_ID), 0.)
+            N3_3 += tl.where(m_pair, _mm_tf32(x_up, tl.trans(b_w3 * d_dn), DT_ID), 0.)
 
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M0_0, s_buf, DT_ID), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M1_0, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M1_1, s_buf, DT_ID), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M2_0, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M2_1, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(M2_2, s_buf, DT_ID), mask=mb2[:, None])
-    tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M3_0, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M3_1, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(M3_2, s_buf, DT_ID), mask=mb3[:, None])
-    tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(M3_3, s_buf, DT_ID), mask=mb3[:, None])
+        tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M0_0, s_buf, DT_ID), mask=mb0[:, None])
+        tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(s_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M1_0, s_buf, DT_ID), mask=mb1[:, None])
+        tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M1_1, s_buf, DT_ID), mask=mb1[:, None])
+        tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(s_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M2_0, s_buf, DT_ID), mask=mb2[:, None])
+        tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M2_1, s_buf, DT_ID), mask=mb2[:, None])
+        tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(M2_2, s_buf, DT_ID), mask=mb2[:, None])
+        tl.store(s_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(s_buf.dtype.element_ty), mask=mb2[:, None])
+        tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(M3_0, s_buf, DT_ID), mask=mb3[:, None])
+        tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(M3_1, s_buf, DT_ID), mask=mb3[:, None])
+        tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(M3_2, s_buf, DT_ID), mask=mb3[:, None])
+        tl.store(s_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(M3_3, s_buf, DT_ID), mask=mb3[:, None])
 
-    tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N0_0, aqw_buf, DT_ID), mask=mb0[:, None])
-    tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
-    tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N1_0, aqw_buf, DT_ID), mask=mb1[:, None])
-    tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N1_1, aqw_buf, DT_ID), mask=mb1[:, None])
-    tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb1[:, None])
-    tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N2_0, aqw_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N2_1, aqw_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N2_2, aqw_buf, DT_ID), mask=mb2[:, None])
-    tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb2[:, None])
-    tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N3_0, aqw_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N3_1, aqw_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N3_2, aqw_buf, DT_ID), mask=mb3[:, None])
-    tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(N3_3, aqw_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N0_0, aqw_buf, DT_ID), mask=mb0[:, None])
+        tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aqw_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb0[:, None])
+        tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N1_0, aqw_buf, DT_ID), mask=mb1[:, None])
+        tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N1_1, aqw_buf, DT_ID), mask=mb1[:, None])
+        tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(aqw_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb1[:, None])
+        tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N2_0, aqw_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N2_1, aqw_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N2_2, aqw_buf, DT_ID), mask=mb2[:, None])
+        tl.store(aqw_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32).to(aqw_buf.dtype.element_ty), mask=mb2[:, None])
+        tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _cast_for(N3_0, aqw_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], _cast_for(N3_1, aqw_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _cast_for(N3_2, aqw_buf, DT_ID), mask=mb3[:, None])
+        tl.store(aqw_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _cast_for(N3_3, aqw_buf, DT_ID), mask=mb3[:, None])
 
 # ---- stage wy, untied DPLR: W = −T (E ⊙ e^{B_{t−1}}), Ũ = T (E⋆⁻W) V'  (T = (I − E⋆⁻F)⁻¹) ---------------------------
 #   so that the erase stream's values are U = Ũ − W H_n = T [(E ⊙ e^B) H_n + (E⋆⁻W) V'].
@@ -1815,7 +1901,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 def launch_config(name, DK, DV):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
-    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY), DV, DK)
+    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY), DV, DK)
 
 
 def _chunk_layout(lens, device):
