@@ -258,7 +258,7 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun]))
     names += [la.name for la in (backward_launches(plan) if bplan else [])]
-    return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family)
+    return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route)
 
 
 # The untied DPLR family's interaction forms four matrices (two row operands, E and Q) and solves on E⋆⁻F: its own

@@ -19,9 +19,9 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def table_launch(name: str, DK: int, DV: int, decay: str, family: str) -> tuple[int, int, int, int]:
-    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind and a family (additive,
-    tied, untied: compiler/plan.py), which pick the stage's template.
+def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str) -> tuple[int, int, int, int]:
+    """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
+    tied, untied: compiler/plan.py) and a route (none, residual), which pick the stage's template and its tiles.
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -88,6 +88,13 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str) -> tuple[
         # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 2
     if name == "bwd_state":
+        if decay == "vector" and (family == "untied" or route == "residual"):
+            # a third per-step [BT, BK] key tile pair (the untied write stream's W ⊙ e^{b_c − B}, the residual route's
+            # E ⊙ e^B): 147-152 KB of shared memory at BV 32 / 2 stages, one program per SM, so 256 programs ran in
+            # two waves. BV 64 (128 programs, one wave; compile report: cler_h_kda 255 registers + 80 B spill, 176 KB).
+            # H200 (tune.py, run 72): rwkv7_dplr 0.329 ms against 0.467, cler_h_kda 0.323 against 0.482; 8 warps
+            # 0.378 / 0.326, 1 stage 0.549 / 0.525
+            return max(bk_block, BK // 2), min(64, bv_full), 4, 2
         # dH as 64-row key tiles (run 9, full-width [128, 32] tiles: 0.29 ms). Compile report at dk = dv = 128: BV 32 /
         # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
         # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
@@ -198,10 +205,10 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str) -> str:
+def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str) -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
     lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides):"]
     for name in stages:
-        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay, family)
+        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay, family, route)
         lines.append(f"    {name:<20} BK={BK:<4} BV={BV:<4} warps={warps} stages={num_stages}")
     return "\n".join(lines)

@@ -1931,7 +1931,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 def launch_config(name, DK, DV):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
-    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY), DV, DK)
+    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE), DV, DK)
 
 
 def _chunk_layout(lens, device):
