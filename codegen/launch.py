@@ -19,9 +19,17 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str) -> tuple[int, int, int, int]:
+# a sequential state pass's programs (sequences × heads × value blocks) from which the wider value block pays: fewer
+# leave SMs of the H200's 132 idle while each program walks its sequence chunk by chunk
+STATE_WAVE = 96
+
+
+def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
+                 n_state: int | None = None) -> tuple[int, int, int, int]:
     """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
     tied, untied: compiler/plan.py) and a route (none, residual), which pick the stage's template and its tiles.
+    n_state: the sequences × value heads of the call (the state passes' programs per value block), None where the
+    call is not known (the printed table): taken as enough to fill the GPU.
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -73,7 +81,17 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # gradients correct; the full-width tiles at BV 64 had faulted at 3 stages under Triton 3.6 and given NaN
         # in pgdn's bf16 backward at 2 (benchmarks/NOTES.md, runs 3-5).
         # BV 32 (run 25, tune.py): gdn 0.297 ms against BV 64's 0.321 (twice the programs: 256 at B = 4, H = 16),
-        # kda 0.345 against 0.360; 8 warps or 3 stages slower
+        # kda 0.345 against 0.360; 8 warps or 3 stages slower.
+        # BV 64 with a deeper pipeline (run 75, tune.py; FLA's own autotune records for its blockdim64 kernel on the
+        # H200 pointed there): gdn 0.110 ms at BV 64 / 4 warps / 4 stages, 0.114 at 3, against BV 32 / 2 stages' 0.145
+        # and BV 64 / 2 stages' 0.154; kda (two calls) 0.302 against 0.336. Compile report (gdn, dk = 128): 234
+        # registers, no spill, 181 KB of shared memory (one program per SM; 128 programs at B = 4, H = 16: one wave).
+        # The additive and tied families without a route only: their per-step tiles are W, U, the key (or
+        # A ⊙ e^{b_c − B}) and the gates; the untied stream and the residual route add tiles, not measured
+        # And only where BV 64 still leaves programs for most SMs (B = 1, H = 16, the 32k shape: 32 against 64)
+        wide_v = n_state is None or n_state * -(-DV // 64) >= STATE_WAVE
+        if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
+            return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         return max(bk_block, BK // 2), min(32, bv_full), 4, 2
     if name == "state_output":
         # the state pass with the output fused in (scalar or no decay; codegen/templates/chunk_state_output.jinja), on
@@ -82,7 +100,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # BV 64 / 4 warps 255 + 48 B spill, BV 64 / 8 warps 255, none. dk = dv = 64: 207, none. dk = 256: BV 32 / 4
         # warps spills 64 B, 8 warps none (210 KB shared). H200, gdn (tune.py, run 40): BV 32 / 4 warps / 2 stages
         # 0.226 ms, 8 warps 0.505; 1 stage faulted (illegal memory access) under Triton 3.6.
-        return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), 2
+        # The additive family (simple_gla, no write-key stream; tune.py, run 74): 3 stages 0.196 ms against 2 stages'
+        # 0.204 (112 KB of shared memory: two programs per SM still fit); BK 128 0.211, BV 64 / 8 warps 0.259
+        stages = 3 if family == "additive" and BK <= 128 else 2
+        return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), stages
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
         # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128

@@ -926,9 +926,11 @@ def _next_pow2(x):
 LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 
-def launch_config(name, DK, DV):
-    """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch."""
-    return check_launch(NAME, name, LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE), DV, DK)
+def launch_config(name, DK, DV, n_state=None):
+    """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch (n_state:
+    the call's sequences × value heads, where known)."""
+    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state)
+    return check_launch(NAME, name, cfg, DV, DK)
 
 
 def _chunk_layout(lens, device):
@@ -998,7 +1000,7 @@ class _Run:
                       NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
-            BK, BV, num_warps, num_stages = launch_config(name, DK, DV)
+            BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV)
             if kind == "chunk":
                 grid = (NT, HV)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
