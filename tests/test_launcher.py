@@ -87,3 +87,40 @@ def test_a_parameter_left_to_its_default_keeps_the_bound_path() -> None:
     for _ in range(2):
         launcher.launch_all(_launches(kernel), t, "geom")
     assert [e[0] for e in kernel.log] == ["bound", "bound"]
+
+
+def test_cu_seqlens_read_once_per_tensor_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_cu_seqlens reads a cu_seqlens tensor (a device-to-host copy that waits for the queued kernels on a GPU)
+    once per tensor object and version: the training step's forward and its backward's rerun read it once; an
+    in-place change is read again, and a bad one still refused."""
+    from dgps.runtime import tensors as tm
+
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counting_tolist(self):  # noqa: ANN001, ANN202
+        reads.append(self.data_ptr())
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    dims = tm.Dims(1, 100, 1, 1, 8, 8)
+    cu = torch.tensor([0, 1, 65, 100], dtype=torch.int32)
+    assert tm.check_cu_seqlens(cu, dims) == [(0, 1), (1, 65), (65, 100)]
+    assert tm.check_cu_seqlens(cu, dims) == [(0, 1), (1, 65), (65, 100)]
+    assert len(reads) == 1
+    cu[1] = 30  # in place: a new version
+    assert tm.check_cu_seqlens(cu, dims) == [(0, 30), (30, 65), (65, 100)]
+    assert len(reads) == 2
+    cu[2] = 10
+    with pytest.raises(tm.TensorError, match="strictly increasing"):
+        tm.check_cu_seqlens(cu, dims)
+    other = torch.tensor([0, 1, 65, 100], dtype=torch.int32)  # equal values, another tensor: read
+    tm.check_cu_seqlens(other, dims)
+    assert len(reads) == 4
+    with pytest.raises(tm.TensorError, match="end at T"):  # the cached tensor against another T: checked again
+        tm.check_cu_seqlens(other, tm.Dims(1, 90, 1, 1, 8, 8))
+    with torch.inference_mode():  # no version counter: read every time
+        inf = torch.tensor([0, 50, 100], dtype=torch.int32)
+        tm.check_cu_seqlens(inf, dims)
+        tm.check_cu_seqlens(inf, dims)
+    assert len(reads) == 7

@@ -1929,6 +1929,16 @@ def _uniform_layout(B, T, device):
     return _LAYOUTS[key]
 
 
+def _packed_layout(lens, device):
+    """The chunk layout of packed sequences of these lengths, kept per (lengths, device) as _uniform_layout's."""
+    key = (tuple(lens), str(device))
+    if key not in _LAYOUTS:
+        if len(_LAYOUTS) > 64:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = _chunk_layout(lens, device)
+    return _LAYOUTS[key]
+
+
 def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_seqlens=None, scale=None):
     """Chunked forward pass of `rwkv7_dplr`; same contract as the sequential reference.
 
@@ -2071,7 +2081,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if ranges:
         lens = [b - a for a, b in ranges]
         cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
-        chunk_indices, chunk_offsets, NT = _chunk_layout(lens, device)
+        chunk_indices, chunk_offsets, NT = _packed_layout(lens, device)
     else:
         lens = [T] * B
         cu, chunk_indices, chunk_offsets, NT = _uniform_layout(B, T, device)
