@@ -394,7 +394,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "an_buf"],
-        "curvature_query": ["qh_buf", "ql_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
+        "curvature_query": ["qh_buf", "ql_buf", "corr_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
         "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],

@@ -37,6 +37,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     """
     BK = max(16, _next_pow2(DK))
     bk_block = min(64, BK)
+    # the sequential passes' programs at BV 32 fill under STATE_WAVE SMs (B = 1, H = 16: 64): narrower value blocks
+    few_states = n_state is not None and n_state * -(-DV // 32) < STATE_WAVE
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
     if name == "l2norm":
@@ -92,6 +94,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         wide_v = n_state is None or n_state * -(-DV // 64) >= STATE_WAVE
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
+        if BK <= 128 and family in ("additive", "tied") and route == "none" and few_states:
+            # few programs (gdn at B = 1, T = 32768, H = 16; tune.py, run 79): BV 32 / 3 stages 0.655 ms against 2
+            # stages' 0.834, BV 16 0.798, BV 64 / 4 stages 0.843
+            return max(bk_block, BK // 2), min(32, bv_full), 4, 3
         return max(bk_block, BK // 2), min(32, bv_full), 4, 2
     if name == "state_output":
         # the state pass with the output fused in (scalar or no decay; codegen/templates/chunk_state_output.jinja), on
@@ -102,6 +108,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 0.226 ms, 8 warps 0.505; 1 stage faulted (illegal memory access) under Triton 3.6.
         # The additive family (simple_gla, no write-key stream; tune.py, run 74): 3 stages 0.196 ms against 2 stages'
         # 0.204 (112 KB of shared memory: two programs per SM still fit); BK 128 0.211, BV 64 / 8 warps 0.259
+        # Few programs (gdn at B = 1, T = 32768, H = 16: 64 at BV 32; tune.py, run 79): BV 16 1.380 ms against BV 32's
+        # 1.462 (3 stages 1.441), BV 64 2.205. The real cost there is the fusion itself (the output's c×c work walks
+        # the chunks in sequence): an unfused launch pair per shape is the plan's next step, not a setting
+        if few_states and BK <= 128:
+            return max(bk_block, BK // 2), min(16, bv_full), 4, 2
         stages = 3 if family == "additive" and BK <= 128 else 2
         return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), stages
     if name == "bwd_local_values":
@@ -116,6 +127,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # H200 (tune.py, run 72): rwkv7_dplr 0.329 ms against 0.467, cler_h_kda 0.323 against 0.482; 8 warps
             # 0.378 / 0.326, 1 stage 0.549 / 0.525
             return max(bk_block, BK // 2), min(64, bv_full), 4, 2
+        if few_states and decay != "vector" and family in ("additive", "tied") and route == "none" and BK <= 128:
+            # few programs (gdn at B = 1, T = 32768, H = 16; tune.py, run 79): BV 16 1.513 ms against BV 32's 1.672
+            # (3 stages 1.757), BV 64 / 4 stages 4.474
+            return max(bk_block, BK // 2), min(16, bv_full), 4, 2
         # dH as 64-row key tiles (run 9, full-width [128, 32] tiles: 0.29 ms). Compile report at dk = dv = 128: BV 32 /
         # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
         # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)

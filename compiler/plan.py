@@ -454,16 +454,21 @@ def rule_curvature_query(b: _Builder) -> None:
     # while every matmul consumer rounds its q̂ tile to the input dtype anyway and reads qp alone (as a 16-bit load:
     # an fp32 q̂ tile took ccq_gdn's reverse state pass from 209 to 255 registers and 0.28 to 0.61 ms, run 47; reading
     # the pair, 0.33 ms, run 50; ccq_gdn's training step 4.28 → 3.89 ms of kernels)
+    # corr itself, per key head in fp32, for a training step: the backward's dλ = −⟨dq̂, corr⟩ reads it instead of
+    # re-forming it (8 of that kernel's 15 products per step). It is formed with C and P split into two input-dtype
+    # products each (C = C_hi + C_lo), as dλ needs: single products put dλ ~1000× further from the float64 value at the
+    # kernel level (benchmarks/NOTES.md, thirteenth session)
     outs = [b.new("qp", "[B,T,HV,dk]", "in"), b.new("qp_lo", "[B,T,HV,dk]", "in"),
-            b.new("C_final", "[N,H,dk,dk]", "fp32"), b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32")]
+            b.new("C_final", "[N,H,dk,dk]", "fp32"), b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32"),
+            b.new("corr", "[B,T,H,dk]", "fp32")]
     if b.ir.read.centered:
         # the backward's passes rerun the C carry but carry no m: a training step leaves them m_n per chunk and mᵀq
         # per token (as plan outputs, so the memory model keeps them with q̂ and nothing of this stage is rerun)
         outs += [b.new("m_n", "[B,NT,H,dk]", "fp32"), b.new("mq", "[B,T,H]", "fp32")]
     b.add("curvature_query", "curvature_query", bind, outs,
           centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
-          form="corr = (Q C_n + tril(Q K^T) K) / tau" + (" - M (m^T q) / tau^2" if b.ir.read.centered else "") +
-          "; qp + qp_lo = q - lam corr; C_(n+1) = C_n + K^T K")
+          form="corr = (Q (C_n,hi + C_n,lo) + (P_hi + P_lo) K) / tau, P = tril(Q K^T)" +
+          (" - M (m^T q) / tau^2" if b.ir.read.centered else "") + "; qp + qp_lo = q - lam corr; C_(n+1) = C_n + K^T K")
     b.roles["q_read"] = b.roles["qp"]
     b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
@@ -1025,8 +1030,8 @@ def _bwd_curvature_query(p: Plan) -> Stage | None:
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reruns", "curvature_query's C carry"),
                                           ("sequential", "chunks"), ("tiles", "BV columns of C per sequence and key head"),
                                           ("key_blocks", "dlam as partial sums"))
-    if centered:  # m_n per chunk and m^T q per token, which the forward leaves for a training step
-        attrs += (("reads", ("curvature_query.m_n", "curvature_query.mq")),)
+    # corr as the forward formed it; m_n per chunk (centred), which the forward leaves for a training step
+    attrs += (("reads", ("curvature_query.corr",) + (("curvature_query.m_n",) if centered else ())),)
     return Stage("bwd_curvature_query", "bwd_curvature_query", ("dqp",), outs, attrs)
 
 

@@ -328,7 +328,7 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
     n = vals["n0"]
     assert isinstance(n, torch.Tensor)
     centered = st.attr("centered")
-    pieces, m_starts, mqs = [], [], []
+    pieces, m_starts, mqs, corrs = [], [], [], []
     for _, s, e, x in _chunks_of(ctx, vals, st, "q", "k", "lam"):
         Q, K, lam = x["q"], x["k"], x["lam"]
         assert Q is not None and K is not None and lam is not None
@@ -343,16 +343,18 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
             m_starts.append(m[:, ::ctx.G])
             mqs.append(mq[:, ::ctx.G, :, 0].transpose(1, 2))
         pieces.append((Q - lam * corr).transpose(1, 2))
+        corrs.append(corr[:, ::ctx.G].transpose(1, 2))
         C = C + K.mT @ K
         m = m + K.sum(-2)
         n = n + c
     qp = torch.cat(pieces, dim=1)
     # in float64 the pair's first part holds q̂ exactly, its remainder is zero
     out = {st.outputs[0].name: qp, st.outputs[1].name: torch.zeros_like(qp), st.outputs[2].name: C[:, ::ctx.G],
-           st.outputs[3].name: m[:, ::ctx.G], st.outputs[4].name: n}
+           st.outputs[3].name: m[:, ::ctx.G], st.outputs[4].name: n,
+           st.outputs[5].name: torch.cat(corrs, dim=1)}  # corr per key head, for the backward's dλ
     if centered:  # what a training step leaves the backward's passes: m_n per chunk, mᵀq per token
-        out[st.outputs[5].name] = torch.stack(m_starts, dim=1)
-        out[st.outputs[6].name] = torch.cat(mqs, dim=1)
+        out[st.outputs[6].name] = torch.stack(m_starts, dim=1)
+        out[st.outputs[7].name] = torch.cat(mqs, dim=1)
     return out
 
 

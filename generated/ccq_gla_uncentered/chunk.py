@@ -261,13 +261,13 @@ def _mm_hilo(a, b, a_lo, b_lo, DT_ID: tl.constexpr):
 #   per (sequence, key head, BV columns of C), sequential over chunks, in the state pass's tiling: C[:, cols] is
 #   carried as up to 2 [BK, BV] fp32 tiles of BK key rows (b_C0, b_C1). Per chunk the scores P = tril(Q Kᵀ) over all of dk (each column block re-forms them: one 64×64
 #   product), corr[:, cols] = (Q C[:, cols] + P K[:, cols]) / τ, and q̂[:, cols] for every value head of the group (the
-#   sums are per key head, λ per value head). Nothing per chunk goes to memory but, for a training step, m_n and mᵀq
-#   (dk + 1 values per chunk and token): the backward reruns the C carry.
+#   sums are per key head, λ per value head). For a training step corr goes to memory (fp32, per key head: the
+#   backward's dλ reads it; C and P enter it as input-dtype pairs), with m_n and mᵀq; the backward reruns the C carry.
 @triton.jit
 def chunk_curvature_query_kernel(
-    p_lam, qh_buf, ql_buf, c0, c_out, m0, m_out, n0, pn_q, pn_k, cu_seqlens, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    p_lam, qh_buf, ql_buf, c0, c_out, m0, m_out, n0, corr_buf, pn_q, pn_k, cu_seqlens, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
     i_c = tl.program_id(0)
@@ -313,9 +313,9 @@ def chunk_curvature_query_kernel(
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_k = _b_k_k
             b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            # C rounded to the input dtype in Q·C: at T = 256 bf16, IEEE fp32 C and P there left o and every gradient unchanged
-            # to three digits (λ·corr is a small share of q̂, which the output's product rounds anyway)
-            b_QC = _mm(b_q, b_C0, DT_ID)
+            # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
+            # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
+            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
             b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
 
             if DK > 1 * BK:
@@ -326,12 +326,14 @@ def chunk_curvature_query_kernel(
                 _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_k = _b_k_k
                 b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm(b_q, b_C1, DT_ID)
+                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
                 b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
 
             b_P = tl.where(m_le, b_P, 0.)
             b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            b_corr = (b_QC + _mm(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            if KEEP:  # corr for the backward's dλ (per key head; λ enters per value head below)
+                tl.store(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_corr, mask=m_r[:, None] & m_c[None, :])
             for i_g in tl.static_range(G):
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
@@ -364,9 +366,9 @@ def chunk_curvature_query_kernel(
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_k = _b_k_k
             b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            # C rounded to the input dtype in Q·C: at T = 256 bf16, IEEE fp32 C and P there left o and every gradient unchanged
-            # to three digits (λ·corr is a small share of q̂, which the output's product rounds anyway)
-            b_QC = _mm(b_q, b_C0, DT_ID)
+            # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
+            # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
+            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
             b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
 
             if DK > 1 * BK:
@@ -377,12 +379,14 @@ def chunk_curvature_query_kernel(
                 _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_k = _b_k_k
                 b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm(b_q, b_C1, DT_ID)
+                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
                 b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
 
             b_P = tl.where(m_le, b_P, 0.)
             b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            b_corr = (b_QC + _mm(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            if KEEP:  # corr for the backward's dλ (per key head; λ enters per value head below)
+                tl.store(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_corr, mask=m_r[:, None] & m_c[None, :])
             for i_g in tl.static_range(G):
                 i_hv = i_h * G + i_g
                 _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
@@ -1212,10 +1216,11 @@ def chunk_bwd_grad_kernel(
 #     dq = Σ_hv G_hv − (C_tᵀ S),   C_tᵀ S = S C_n + tril(S Kᵀ) K in rows;   dλ_hv = −⟨G_hv, corr⟩
 #   The bracket (per key head) goes to aqc_buf; bwd_inputs adds it to the group's first value head's q. dλ sums over
 #   every key channel: each column block writes its partial sum (NKC of them, added in a fixed order by bwd_inputs: no
-#   atomics, bitwise deterministic). S[:, cols] goes to memory as two input-dtype halves for the later passes.
+#   atomics, bitwise deterministic); corr is the forward's (re-forming it here took 8 of 15 products per step).
+#   S[:, cols] goes to memory as two input-dtype halves for the later passes.
 @triton.jit
 def chunk_bwd_curvature_query_kernel(
-    p_lam, c0, n0, aqc_buf, sh_buf, sl_buf, aq_buf, alam_buf, pn_q, pn_k, cu_seqlens, TT, H: tl.constexpr,
+    p_lam, c0, n0, aqc_buf, sh_buf, sl_buf, corr_buf, aq_buf, alam_buf, pn_k, cu_seqlens, TT, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -1254,29 +1259,8 @@ def chunk_bwd_curvature_query_kernel(
             _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_kc = _b_kc_k
             b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            # corr as the forward forms it, key block by key block; C and P split into two bf16 products each: dλ reads
-            # corr directly (bf16, T = 256, keys around one direction, four seeds: dλ 4.4e-3 → 3.8e-3)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
-
-            b_P = tl.where(m_le, b_P, 0.)
-            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
+            b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
             # dλ's partial sum over these columns, and S[:, cols]
             b_Sc = tl.zeros([BT, BV], dtype=tl.float32)
             for i_g in tl.static_range(G):
@@ -1337,29 +1321,8 @@ def chunk_bwd_curvature_query_kernel(
             _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_kc = _b_kc_k
             b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            # corr as the forward forms it, key block by key block; C and P split into two bf16 products each: dλ reads
-            # corr directly (bf16, T = 256, keys around one direction, four seeds: dλ 4.4e-3 → 3.8e-3)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
-
-            b_P = tl.where(m_le, b_P, 0.)
-            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
+            # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
+            b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
             # dλ's partial sum over these columns, and S[:, cols]
             b_Sc = tl.zeros([BT, BV], dtype=tl.float32)
             for i_g in tl.static_range(G):
@@ -1728,7 +1691,7 @@ _INPUTS = ["q", "k", "v", "g", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -1744,7 +1707,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'corr_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1753,7 +1716,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'aq_buf', 'alam_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
@@ -1791,7 +1754,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "s_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "s_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
@@ -1926,6 +1889,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["qh_buf"] = (TT * HV * DK, dt)  # q̂ = qh + ql, both in the input dtype (compiler/plan.py: rule_curvature_query)
     b["ql_buf"] = (TT * HV * DK, dt)
+    if keep:  # corr per key head, for the backward's dλ (compiler/plan.py: rule_curvature_query)
+        b["corr_buf"] = (TT * H * DK, f32)
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
     return b
