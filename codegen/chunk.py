@@ -307,13 +307,14 @@ def backward_launches(plan: Plan) -> list[Launch]:
     return [rules[k] for k in bplan.kinds()]
 
 
-def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None
-                     ) -> list[Launch]:
+def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None,
+                     unfused: bool = False) -> list[Launch]:
     """The launches that compute the forward plan's stages of `kinds` (default: every stage), or of the stages named
     `names`, in the plan's order.
 
     A fused stage runs inside its host's launch; where a FUSED_RULES guest is among the stages, the host's launch is
-    the fused kernel, else the host's own (the backward reruns the state pass without the output)."""
+    the fused kernel, else the host's own (the backward reruns the state pass without the output). `unfused`: a
+    FUSED_RULES guest in a launch of its own, after its host's (the plan's `unfused_when` form, chosen per call)."""
     stages = [st for st in plan.stages() if (kinds is None or st.kind in kinds) and (names is None or st.name in names)]
     if plan.family == "untied":
         rules = {**FORWARD_RULES, **UNTIED_RULES}
@@ -323,9 +324,11 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         rules = FORWARD_RULES
     out = []
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
-        guests = [FUSED_RULES[(host, st.kind)] for st in stages if st.kind != host and launch_of(st) == host
-                  and (host, st.kind) in FUSED_RULES]
-        out.append(guests[0] if guests else rules[host])
+        guests = [st.kind for st in stages if st.kind != host and launch_of(st) == host and (host, st.kind) in FUSED_RULES]
+        if guests and unfused:
+            out += [rules[host], rules[guests[0]]]
+        else:
+            out.append(FUSED_RULES[(host, guests[0])] if guests else rules[host])
     return out
 
 
@@ -652,7 +655,10 @@ def _context(ir: IR) -> dict:
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
     # the plan's launches and the attributes the templates follow
-    ctx.update(forward_launches=forward_launches(plan))
+    # the forward with its fused guests in launches of their own, where the plan fuses one only for some calls
+    fused_per_call = any(st.attr("unfused_when") for st in plan.stages())
+    ctx.update(forward_launches=forward_launches(plan),
+               unfused_forward_launches=forward_launches(plan, unfused=True) if fused_per_call else [])
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)
     ctx.update(cp_forward_launches={ph: forward_launches(plan, names=getattr(cs, ph))

@@ -24,6 +24,13 @@ def _next_pow2(x: int) -> int:
 STATE_WAVE = 96
 
 
+def few_state_programs(n_state: int | None, DV: int) -> bool:
+    """Whether a call's sequences × value heads (`n_state`; None: not known, taken as enough) give the sequential state
+    passes fewer than STATE_WAVE programs at BV 32 (B = 1, H = 16: 64): narrower value blocks then, and the output in a
+    launch of its own rather than inside the state pass (the generated host's _fuse_output)."""
+    return n_state is not None and n_state * -(-DV // 32) < STATE_WAVE
+
+
 def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
                  n_state: int | None = None) -> tuple[int, int, int, int]:
     """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
@@ -37,8 +44,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     """
     BK = max(16, _next_pow2(DK))
     bk_block = min(64, BK)
-    # the sequential passes' programs at BV 32 fill under STATE_WAVE SMs (B = 1, H = 16: 64): narrower value blocks
-    few_states = n_state is not None and n_state * -(-DV // 32) < STATE_WAVE
+    few_states = few_state_programs(n_state, DV)
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
     if name == "l2norm":

@@ -649,9 +649,15 @@ def rule_output(b: _Builder) -> None:
         bind.update(K0=k, V0=v)
         scores = ((f"{bind['Q']}*{k}", v),)
         inline = True
+    fused = _output_in_state_pass(b)
+    # Per call, on a GPU: with few sequences × value heads the fused kernel's state programs leave SMs idle while each
+    # walks the output's c×c work chunk by chunk; there the output runs in a launch of its own, chunk-parallel, after
+    # the state pass (which then stores H_n and U). H200, gdn at B = 1, T = 32768, H = 16 (run 79): the fused kernel
+    # 1.47 ms (1.35 at BV 16) against the backward's rerun of the state pass alone, 0.64
     b.add("output", "output", bind, [b.new("o", "[B,T,HV,dv]", "in")], family=b.family, decay=b.s.decay,
           scores=scores, inline_scores=inline, scale=b.ir.scale, subchunk=_subchunk(b) and inline,
-          sub_chunk=b.sub_chunk, fused="state_pass" if _output_in_state_pass(b) else None)
+          sub_chunk=b.sub_chunk, fused="state_pass" if fused else None,
+          unfused_when="few sequences x value heads on a GPU (codegen/launch.py: few_state_programs)" if fused else None)
     b.outputs["o"] = b.op("o")  # type: ignore[assignment]
 
 

@@ -352,3 +352,13 @@ def test_vector_decay_gate_gradient_as_accurate_as_the_others_in_bf16(name: str)
     (rec.reference(**x64).o * do.double()).sum().backward()
     err = {n: _rel(g, x64[n].grad) for n, g in grads.items()}
     assert err["g"] <= 1.25 * max(err["q"], err["k"], err["v"]), err
+
+
+@pytest.mark.parametrize("name", ["gdn", "simple_gla"])
+def test_training_path_with_the_output_unfused(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training forward with the output in a launch of its own (the plan's `unfused_when`, forced: the
+    interpreter keeps the fused form), the backward rerunning the state pass: o and every gradient against float64
+    autograd."""
+    mod = load_chunk(load(name).ir)
+    monkeypatch.setattr(mod, "FUSE_OUTPUT", False)
+    _check_training_path(name, 32, seed=5)

@@ -231,3 +231,24 @@ def test_bad_tensors():
         mod.chunk_forward({k: v.double() for k, v in x.items()})
     with pytest.raises(dgps.TensorError):
         mod.chunk_forward(x, cu_seqlens=torch.tensor([0, 5, 7], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", ["gdn", "simple_gla", "deltanet", "ccq_gdn", "clvr_gdn"])
+def test_output_unfused_per_call(name, monkeypatch):
+    """Where the plan fuses the output into the state pass only for some calls (the output stage's `unfused_when`: few
+    sequences × value heads on a GPU), the unfused pair (state pass, then the chunk-parallel output) is forced here
+    (the interpreter keeps the fused form) and checked against the float64 reference: GVA, ragged, varlen, initial
+    and final states, routes."""
+    mod = load_chunk(_load(name).ir)
+    monkeypatch.setattr(mod, "FUSE_OUTPUT", False)
+    launched: list[str] = []
+    launch = mod._Run.launch
+
+    def recording(self, kernels):  # noqa: ANN001, ANN202
+        launched.extend(k[0] for k in kernels)
+        return launch(self, kernels)
+
+    monkeypatch.setattr(mod._Run, "launch", recording)
+    _check(name, B=1, T=100, H=1, HV=2, dk=32, dv=32)
+    _check(name, B=1, T=100, H=1, HV=1, dk=32, dv=32, cu_seqlens=[0, 1, 65, 100], seed=1)
+    assert "output" in launched and "state_pass" in launched and "state_output" not in launched

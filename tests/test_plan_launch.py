@@ -108,6 +108,32 @@ def test_launches_are_the_plan(name: str) -> None:
 _RERUN_BUFFERS = {"decay_keys": ("kg_buf", "qg_buf", "wg_buf"), "state_pass": ("h_buf", "vn_buf")}
 
 
+@pytest.mark.parametrize("name", [s for s in CHUNK if build_plan(dgps.load(SPEC_DIR / f"{s}.dgps").ir, 64, 16)
+                                  .stage("output").attr("unfused_when")])
+def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's output fused into the state pass for some calls only (`unfused_when`): the interpreter keeps the
+    fused form; few sequences × value heads on a GPU, or FUSE_OUTPUT forced off, launch the state pass then the output,
+    and only then does the host allocate H_n and U. The backward reruns the state pass alone either way."""
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    plan = build_plan(rec.ir, 64, 16)
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    fused = _want(plan)
+    assert "chunk_state_output_kernel" in fused
+    unfused = [k for f in fused for k in (["chunk_state_pass_kernel", "chunk_output_kernel"]
+                                           if f == "chunk_state_output_kernel" else [f])]
+    gpu = torch.device("cuda")
+    assert mod._fuse_output(4 * 16, 128, gpu) and not mod._fuse_output(16, 128, gpu)  # B = 4 / B = 1 at H = 16
+    assert mod._fuse_output(1, 16, torch.device("cpu"))  # the interpreter: the plan's fused form
+    for force, want in ((None, fused), (False, unfused), (True, fused)):
+        monkeypatch.setattr(mod, "FUSE_OUTPUT", force)
+        bufs: dict = {}
+        assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == want
+        assert (bufs["h_buf"].numel() > 1 and bufs["vn_buf"].numel() > 1) == (want == unfused)
+        if supports_chunk_backward(rec.ir)[0]:
+            assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
+
+
 @pytest.mark.parametrize("name", CHUNK)
 def test_memory_model_matches_the_kernels(name: str) -> None:
     """The plan's memory model against the generated module: the bytes the training forward keeps are the plan's

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
-from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
+from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
@@ -1550,14 +1550,14 @@ def _takes(kernels):
 
 
 def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
-    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept)
-    run.launch(kernels)
+    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept, per_call=True)
+    run.launch(run.kernels)
     return _result(run), run
 
 
-def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
+def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False):
     """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
-    takes them), nothing launched."""
+    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call)."""
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1618,7 +1618,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route)
+                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route, kernels=kernels)
 
 
 def _result(run):

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
-from dgps.codegen.launch import check_launch, parse_launch_overrides, table_launch
+from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
@@ -733,6 +733,54 @@ def chunk_state_pass_kernel(
             m_k = o_k < DK
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
+# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U]; route = Z ---------
+@triton.jit
+def chunk_output_kernel(
+    p_v, g_buf, h_buf, vn_buf, o_buf, r_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_rv = m_r[:, None] & m_v[None, :]
+    m_le = o_t[:, None] >= o_t[None, :]
+    b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_h = tl.load(h_buf + ((i_c.to(tl.int64) * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_q = _b_q_q
+        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_a = _b_a_k
+        b_o += _mm(b_q, b_h, DT_ID)
+        b_s += _mm(b_q, tl.trans(b_a), DT_ID)
+    b_o = b_o * tl.exp2(b_g)[:, None]
+    b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+    b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+    tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+    _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = _b_z_v
+    tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_z, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
 # ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
@@ -1217,6 +1265,7 @@ _KERNEL_ARGS = {
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_output_kernel': ('p_v', 'g_buf', 'w_buf', 'u_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_v', 'g_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1235,6 +1284,41 @@ def _kernels():
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
     ]
+
+
+def _unfused_kernels():
+    """The forward with the output in a launch of its own after the state pass (the plan's output stage,
+    `unfused_when`): for calls with few sequences × value heads on a GPU (_fuse_output)."""
+    return [
+        ("l2norm", chunk_l2norm_kernel, "rows"),
+        ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
+        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("output", chunk_output_kernel, "output"),
+    ]
+
+
+# DGPS_FUSE_OUTPUT=1 / 0: the output always / never inside the state pass's launch (tests, tuning); unset: per call
+FUSE_OUTPUT = {"1": True, "0": False}.get(os.environ.get("DGPS_FUSE_OUTPUT", ""))
+
+
+def _fuse_output(n_state, DV, device):
+    """Whether this call runs the output inside the state pass's launch. The fused kernel walks the output's c×c work
+    chunk by chunk in each state program; with few programs (few sequences × value heads: codegen/launch.py,
+    few_state_programs) SMs idle while they do, and the chunk-parallel output kernel after the state pass pays. A
+    question of SMs, so the interpreter keeps the plan's fused form."""
+    if FUSE_OUTPUT is not None:
+        return FUSE_OUTPUT
+    return device.type != "cuda" or not few_state_programs(n_state, DV)
+
+
+def _per_call(kernels, n_state, DV, device):
+    """`kernels` for this call: the fused state pass + output replaced by the two launches where _fuse_output says."""
+    if "state_output" not in (k[0] for k in kernels) or _fuse_output(n_state, DV, device):
+        return kernels
+    pair = [k for k in _unfused_kernels() if k[0] in ("state_pass", "output")]
+    return [x for k in kernels for x in (pair if k[0] == "state_output" else [k])]
 
 
 def _rerun_kernels(kept):
@@ -1420,14 +1504,14 @@ def _takes(kernels):
 
 
 def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
-    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept)
-    run.launch(kernels)
+    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept, per_call=True)
+    run.launch(run.kernels)
     return _result(run), run
 
 
-def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
+def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False):
     """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
-    takes them), nothing launched."""
+    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call)."""
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1447,6 +1531,8 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         lens = [T] * B
         cu, chunk_indices, chunk_offsets, NT = _uniform_layout(B, T, device)
     N = len(lens)
+    if per_call:
+        kernels = _per_call(kernels, N * HV, DV, device)
     st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
     st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
     HP = H if False else HV
@@ -1488,7 +1574,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route)
+                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route, kernels=kernels)
 
 
 def _result(run):
