@@ -256,7 +256,9 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     plan = build_plan(ir, BT, BC)
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
-    names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun]))
+    unfused = forward_launches(plan, unfused=True) if any(st.attr("unfused_when") for st in plan.stages()) else []
+    names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
+                               [la.name for la in unfused]))
     names += [la.name for la in (backward_launches(plan) if bplan else [])]
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route)
 

@@ -249,8 +249,13 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
 
 def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str) -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
-    lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides):"]
+    lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides; few: a call with few "
+             "sequences × value heads)"]
     for name in stages:
-        BK, BV, warps, num_stages = table_launch(name, DK, DV, decay, family, route)
-        lines.append(f"    {name:<20} BK={BK:<4} BV={BV:<4} warps={warps} stages={num_stages}")
+        cfg = table_launch(name, DK, DV, decay, family, route)
+        few = table_launch(name, DK, DV, decay, family, route, n_state=1)
+        line = f"    {name:<20} BK={cfg[0]:<4} BV={cfg[1]:<4} warps={cfg[2]} stages={cfg[3]}"
+        if few != cfg:
+            line += f"   few: BK={few[0]} BV={few[1]} warps={few[2]} stages={few[3]}"
+        lines.append(line)
     return "\n".join(lines)

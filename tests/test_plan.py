@@ -602,4 +602,23 @@ def test_launch_table_avoids_settings_misbuilt_for_sm90(stage: str, dk: int, dv:
                                                          cfg: tuple) -> None:
     from dgps.codegen.launch import table_launch
 
-    assert table_launch(stage, dk, dv, decay, family, route) != cfg
+    for n_state in (None, 1, 16, 64, 1024):  # the settings picked by the call's sequences × value heads too
+        assert table_launch(stage, dk, dv, decay, family, route, n_state) != cfg
+
+
+def test_launch_table_by_sequences_and_heads() -> None:
+    """The sequential passes' settings follow the call's sequences × value heads (n_state): the state pass at BV 64 /
+    4 stages where that still fills the H200 (B = 4, H = 16), BV 32 / 3 stages and BV 16 reverse and fused passes for
+    few (B = 1, H = 16: 64 programs at BV 32), the reference settings where the call is not known (the printed table)."""
+    from dgps.codegen.launch import few_state_programs, table_launch
+
+    assert few_state_programs(16, 128) and not few_state_programs(64, 128) and not few_state_programs(None, 128)
+    assert few_state_programs(64, 16)  # dv = 16: one value block per sequence and head
+    tied = ("scalar", "tied", "none")
+    assert table_launch("state_pass", 128, 128, *tied, 64) == table_launch("state_pass", 128, 128, *tied) == (64, 64, 4, 4)
+    assert table_launch("state_pass", 128, 128, *tied, 16) == (64, 32, 4, 3)
+    assert table_launch("bwd_state", 128, 128, *tied, 16)[1] == table_launch("state_output", 128, 128, *tied, 16)[1] == 16
+    assert table_launch("bwd_state", 128, 128, *tied, 64)[1] == 32
+    # the untied family and the residual route keep their own settings whatever the batch
+    for fam_route in (("vector", "untied", "none"), ("vector", "tied", "residual")):
+        assert table_launch("state_pass", 128, 128, *fam_route, 16) == table_launch("state_pass", 128, 128, *fam_route)
