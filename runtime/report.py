@@ -138,6 +138,15 @@ def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[Ker
                 x = rec.random_inputs(4, T, 16, d, d, dtype=torch.bfloat16)
                 with _recording(calls):
                     pkg.forward(**x, output_final_state=True)
+                    chunk = getattr(pkg, "chunk", None)
+                    if hasattr(chunk, "FUSE_OUTPUT"):
+                        # the per-call unfused output (few sequences × heads on a GPU: the state pass at its small-
+                        # batch setting, then the output kernel), forced: the report has no GPU to decide it
+                        saved, chunk.FUSE_OUTPUT = chunk.FUSE_OUTPUT, False
+                        try:
+                            pkg.forward(**rec.random_inputs(1, T, 16, d, d, dtype=torch.bfloat16), output_final_state=True)
+                        finally:
+                            chunk.FUSE_OUTPUT = saved
                     _, dm = check_inputs(ir, x)
                     state = {k: v.float() for k, v in initial_states(ir, dm, dm.B, None, torch.float32,
                                                                        torch.device("cpu")).items()}
