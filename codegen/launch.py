@@ -116,7 +116,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 0.204 (112 KB of shared memory: two programs per SM still fit); BK 128 0.211, BV 64 / 8 warps 0.259
         # Few programs (gdn at B = 1, T = 32768, H = 16: 64 at BV 32; tune.py, run 79): BV 16 1.380 ms against BV 32's
         # 1.462 (3 stages 1.441), BV 64 2.205. The real cost there is the fusion itself (the output's c×c work walks
-        # the chunks in sequence): an unfused launch pair per shape is the plan's next step, not a setting
+        # the chunks in sequence): on a GPU such calls take the unfused pair (the output stage's unfused_when,
+        # compiler/plan.py); this setting serves the interpreter and DGPS_FUSE_OUTPUT=1
         if few_states and BK <= 128:
             return max(bk_block, BK // 2), min(16, bv_full), 4, 2
         stages = 3 if family == "additive" and BK <= 128 else 2
@@ -135,7 +136,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             return max(bk_block, BK // 2), min(64, bv_full), 4, 2
         if few_states and decay != "vector" and family in ("additive", "tied") and route == "none" and BK <= 128:
             # few programs (gdn at B = 1, T = 32768, H = 16; tune.py, run 79): BV 16 1.513 ms against BV 32's 1.672
-            # (3 stages 1.757), BV 64 / 4 stages 4.474
+            # (3 stages 1.757), BV 64 / 4 stages 4.474. BV 16 had faulted in run 2 (an older kernel); GPU checks at
+            # B = 2 (these settings) right in run 80: gdn, simple_gla, deltanet, pgdn, ccq_gdn, ccq_gla
             return max(bk_block, BK // 2), min(16, bv_full), 4, 2
         # dH as 64-row key tiles (run 9, full-width [128, 32] tiles: 0.29 ms). Compile report at dk = dv = 128: BV 32 /
         # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
