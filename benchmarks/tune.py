@@ -2,6 +2,9 @@
 
     python benchmarks/tune.py SPEC [--shape B T H D] [--stages interaction wy ...] [--json OUT]
 
+The forward's output runs in the state pass's launch or in its own (`output`) as the package picks for the shape
+(few sequences × heads: its own); DGPS_FUSE_OUTPUT=0 / 1 forces either.
+
 Each stage's candidates (BK, BV, num_warps, num_stages) are set through the chunk module's
 `LAUNCH_OVERRIDES`, one stage at a time, the others at their defaults; the stage's kernel time is the
 profiler's CUDA time over one forward+backward (median of 3). A stage's sweep runs in its own process, so a
@@ -88,6 +91,9 @@ def sweep(spec: str, stage: str, shape: list[int], configs: list[tuple[int, int,
 
     launched = {name for name, _, _ in pkg.chunk._kernels() + pkg.chunk._bwd_kernels()}
     launched |= {name for name, _, _ in pkg.chunk._rerun_kernels(True) + pkg.chunk._rerun_kernels(False)}
+    if hasattr(pkg.chunk, "_unfused_kernels") and not pkg.chunk._fuse_output(B * H, D, torch.device("cuda")):
+        # the output in a launch of its own (few sequences × heads, or DGPS_FUSE_OUTPUT=0): its stage is swept too
+        launched |= {name for name, _, _ in pkg.chunk._unfused_kernels()}
     if stage not in launched:  # e.g. bwd_grads of a spec that runs bwd_solve + bwd_key_grads: its overrides do nothing
         print(f"{spec} launches no stage {stage}", file=sys.stderr, flush=True)
         return
