@@ -18,6 +18,8 @@ take q, k as given (FLA's signatures) while clvr_kda, cler_h_kda and ccq_gla nor
 vector family is also timed against kda_l2norm and gla_l2norm (the base spec with that one line added): the
 normalisation is not the variant's cost.
 `--cold-start` times a fresh process's first forward+backward of gdn with empty caches.
+`--output-forms` also times dgps with its output forced into the state pass's launch and forced into a launch of its
+own (sides dgps_fused, dgps_unfused; `dgps` picks per call: few sequences × heads on a GPU take the unfused pair).
 """
 
 from __future__ import annotations
@@ -175,6 +177,24 @@ def peak_mib(step: Callable[[], None]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def forced_output(fn: Callable, fuse: bool) -> Callable:
+    """`fn` with every loaded chunk module that fuses its output per call (FUSE_OUTPUT) forced to `fuse` while it runs
+    (only the forward's launch list depends on it; the modules are found at call time, so a first call loads them)."""
+
+    def call(x: dict[str, torch.Tensor]) -> torch.Tensor:
+        mods = [m for m in list(sys.modules.values()) if hasattr(m, "_unfused_kernels") and hasattr(m, "FUSE_OUTPUT")]
+        saved = [m.FUSE_OUTPUT for m in mods]
+        for m in mods:
+            m.FUSE_OUTPUT = fuse
+        try:
+            return fn(x)
+        finally:
+            for m, v in zip(mods, saved, strict=True):
+                m.FUSE_OUTPUT = v
+
+    return call
+
+
 def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
     """Median over `reps` interleaved rounds of each function's do_bench median (ms)."""
     import triton.testing
@@ -298,6 +318,8 @@ def main() -> int:
     p.add_argument("--varlen", type=int, default=0, metavar="N",
                    help="pack B·T tokens as N ragged sequences in one row (cu_seqlens); system keys get '_varlen'")
     p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--output-forms", action="store_true",
+                   help="also dgps with the output forced fused into the state pass and forced into its own launch")
     p.add_argument("--accuracy", action="store_true",
                    help="errors of o and every gradient against the float64 reference, for each side")
     args = p.parse_args()
@@ -332,6 +354,9 @@ def main() -> int:
         do = torch.randn_like(x["v"])
         if system == "gdn" and fqla is not None:
             sides["flashqla"] = fqla
+        if args.output_forms:
+            sides["dgps_fused"] = forced_output(sides["dgps"], True)
+            sides["dgps_unfused"] = forced_output(sides["dgps"], False)
         for name, f in sides.items():  # first calls (compile / cache restore) outside the timing
             t0 = time.time()
             fwd_bwd(f, x, do)()
@@ -339,13 +364,14 @@ def main() -> int:
             print(f"{system} {name}: first forward+backward {time.time() - t0:.1f} s", flush=True)
         fwd = interleaved({k: (lambda f=f, x=x: f(x)) for k, f in sides.items()}, args.reps)
         row: dict[str, float] = {}
-        for k in ("dgps", "fla"):
+        recorded = ("dgps", "fla", "dgps_fused", "dgps_unfused")
+        for k in recorded:
             if k in fwd:
                 row[f"{k}_fwd_ms"] = fwd[k]
         if not args.fwd_only:
             steps = {k: fwd_bwd(f, x, do) for k, f in sides.items()}
             fb = interleaved(steps, args.reps)
-            for k in ("dgps", "fla"):
+            for k in recorded:
                 if k in fb:
                     row[f"{k}_fwdbwd_ms"] = fb[k]
                     row[f"{k}_peak_mib"] = peak_mib(steps[k])

@@ -1,0 +1,46 @@
+"""benchmarks/bench_fla.py's --output-forms sides: the loaded chunk modules that fuse their output per call are forced
+to one form while the wrapped call runs, and left as they were after it (even when it raises)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fla.py"
+
+
+def _bench():  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location("bench_fla_under_test", _PATH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_forced_output_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    chunk = types.ModuleType("fake_chunk")
+    chunk.FUSE_OUTPUT = None
+    chunk._unfused_kernels = lambda: []
+    other = types.ModuleType("fake_other")  # fuses nothing per call: left alone
+    other.FUSE_OUTPUT = "untouched"
+    monkeypatch.setitem(sys.modules, "fake_chunk", chunk)
+    monkeypatch.setitem(sys.modules, "fake_other", other)
+    seen = []
+
+    def call(x):  # noqa: ANN001, ANN202
+        seen.append((chunk.FUSE_OUTPUT, other.FUSE_OUTPUT))
+        if x == "raise":
+            raise RuntimeError("boom")
+        return x
+
+    assert bench.forced_output(call, False)("ok") == "ok"
+    assert bench.forced_output(call, True)("ok") == "ok"
+    with pytest.raises(RuntimeError):
+        bench.forced_output(call, False)("raise")
+    assert seen == [(False, "untouched"), (True, "untouched"), (False, "untouched")]
+    assert chunk.FUSE_OUTPUT is None and other.FUSE_OUTPUT == "untouched"
