@@ -256,9 +256,8 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     plan = build_plan(ir, BT, BC)
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
-    unfused = forward_launches(plan, unfused=True) if any(st.attr("unfused_when") for st in plan.stages()) else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
-                               [la.name for la in unfused]))
+                               [la.name for la in unfused_forward_launches(plan)]))
     names += [la.name for la in (backward_launches(plan) if bplan else [])]
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route)
 
@@ -332,6 +331,14 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         else:
             out.append(FUSED_RULES[(host, guests[0])] if guests else rules[host])
     return out
+
+
+def unfused_forward_launches(plan: Plan) -> list[Launch]:
+    """The forward with its fused guests in launches of their own, where the plan fuses one only for some calls (the
+    stage's `unfused_when`); else none."""
+    if not any(st.attr("unfused_when") for st in plan.stages()):
+        return []
+    return forward_launches(plan, unfused=True)
 
 
 def rerun_kinds(plan: Plan, kept: bool) -> tuple[str, ...]:
@@ -657,10 +664,7 @@ def _context(ir: IR) -> dict:
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
     # the plan's launches and the attributes the templates follow
-    # the forward with its fused guests in launches of their own, where the plan fuses one only for some calls
-    fused_per_call = any(st.attr("unfused_when") for st in plan.stages())
-    ctx.update(forward_launches=forward_launches(plan),
-               unfused_forward_launches=forward_launches(plan, unfused=True) if fused_per_call else [])
+    ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)
     ctx.update(cp_forward_launches={ph: forward_launches(plan, names=getattr(cs, ph))

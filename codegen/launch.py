@@ -24,11 +24,12 @@ def _next_pow2(x: int) -> int:
 STATE_WAVE = 96
 
 
-def few_state_programs(n_state: int | None, DV: int) -> bool:
+def few_state_programs(n_state: int | None, DV: int, BV: int = 32) -> bool:
     """Whether a call's sequences × value heads (`n_state`; None: not known, taken as enough) give the sequential state
-    passes fewer than STATE_WAVE programs at BV 32 (B = 1, H = 16: 64): narrower value blocks then, and the output in a
-    launch of its own rather than inside the state pass (the generated host's _fuse_output)."""
-    return n_state is not None and n_state * -(-DV // 32) < STATE_WAVE
+    passes fewer than STATE_WAVE programs at value blocks of BV (B = 1, H = 16 at BV 32: 64): at BV 32, narrower value
+    blocks then, and the output in a launch of its own rather than inside the state pass (the generated host's
+    _fuse_output)."""
+    return n_state is not None and n_state * -(-DV // BV) < STATE_WAVE
 
 
 def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
@@ -97,7 +98,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # The additive and tied families without a route only: their per-step tiles are W, U, the key (or
         # A ⊙ e^{b_c − B}) and the gates; the untied stream and the residual route add tiles, not measured
         # And only where BV 64 still leaves programs for most SMs (B = 1, H = 16, the 32k shape: 32 against 64)
-        wide_v = n_state is None or n_state * -(-DV // 64) >= STATE_WAVE
+        wide_v = not few_state_programs(n_state, DV, 64)
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and few_states:

@@ -1385,26 +1385,24 @@ def _chunk_layout(lens, device):
 _LAYOUTS = {}
 
 
-def _uniform_layout(B, T, device):
-    """cu_seqlens and chunk layout of B sequences of T tokens, kept per (B, T, device): building them takes a
-    host-to-device copy, which would stall every call."""
-    key = (B, T, str(device))
+def _kept_layout(key, build):
+    """_LAYOUTS[key], built once: building a layout takes a host-to-device copy, which would stall every call."""
     if key not in _LAYOUTS:
         if len(_LAYOUTS) > 64:
             _LAYOUTS.clear()
-        cu = (torch.arange(B + 1, dtype=torch.int32) * T).to(device)
-        _LAYOUTS[key] = (cu, *_chunk_layout([T] * B, device))
+        _LAYOUTS[key] = build()
     return _LAYOUTS[key]
+
+
+def _uniform_layout(B, T, device):
+    """cu_seqlens and chunk layout of B sequences of T tokens, kept per (B, T, device)."""
+    return _kept_layout((B, T, str(device)), lambda: ((torch.arange(B + 1, dtype=torch.int32) * T).to(device),
+                                                      *_chunk_layout([T] * B, device)))
 
 
 def _packed_layout(lens, device):
-    """The chunk layout of packed sequences of these lengths, kept per (lengths, device) as _uniform_layout's."""
-    key = (tuple(lens), str(device))
-    if key not in _LAYOUTS:
-        if len(_LAYOUTS) > 64:
-            _LAYOUTS.clear()
-        _LAYOUTS[key] = _chunk_layout(lens, device)
-    return _LAYOUTS[key]
+    """The chunk layout of packed sequences of these lengths, kept per (lengths, device)."""
+    return _kept_layout((tuple(lens), str(device)), lambda: _chunk_layout(lens, device))
 
 
 def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_seqlens=None, scale=None):
