@@ -80,6 +80,7 @@ from ..compiler.plan import (
     build_plan,
     cp_stages,
     launch_of,
+    split_reverse_pass,
     stored_adjoints,
     tied_keys_of,
 )
@@ -203,7 +204,8 @@ class Launch:
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
 # rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over
 # chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences ×
-# key heads: the curvature sums); output (dv blocks, NT, HV).
+# key heads: the curvature sums); state_keys (dv blocks × key-row blocks, sequences × value heads); output (dv blocks, NT,
+# HV).
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
@@ -224,6 +226,11 @@ FORWARD_RULES = {
 # stores H_n and U for the backward stages, keeps the state pass's own kernel.
 FUSED_RULES = {
     ("state_pass", "output"): Launch("state_output", "chunk_state_output_kernel", "state", "chunk_state_output.jinja"),
+}
+# The state pass split over blocks of key rows where it runs alone (its plan attribute key_blocks; the template's
+# split_keys hook): the additive family without a route, whose rows no term couples.
+SPLIT_KEYS_RULES = {
+    "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state_keys", "chunk_state_pass.jinja"),
 }
 BACKWARD_RULES = {
     "bwd_local_values": Launch("bwd_local_values", "chunk_bwd_local_values_kernel", "output",
@@ -290,9 +297,18 @@ SOLVE_BACKWARD_RULES = {
 }
 
 
+# The reverse state pass split over blocks of key rows (compiler/plan.py: split_reverse_pass): one program per key block
+# too, and it carries dH alone (the template's split_keys hook).
+SPLIT_KEYS_BACKWARD_RULES = {
+    "bwd_state_pass": Launch("bwd_state", "chunk_bwd_state_kernel", "state_keys", "chunk_bwd_state.jinja"),
+}
+
+
 def backward_rules(plan: Plan, bplan: BackwardPlan) -> dict[str, Launch]:
     """Backward stage kind -> its launch, for this plan's family and backward plan."""
     rules = dict(BACKWARD_RULES)
+    if any(st.attr("key_blocks") == "split" for st in bplan.stages if st.kind == "bwd_state_pass"):
+        rules.update(SPLIT_KEYS_BACKWARD_RULES)
     if plan.family == "untied":
         rules.update(UNTIED_BACKWARD_RULES)
     if "bwd_solve" in bplan.kinds():
@@ -323,6 +339,8 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         rules = {**FORWARD_RULES, **VECTOR_RULES}
     else:
         rules = FORWARD_RULES
+    if any(st.attr("key_blocks") for st in stages if st.kind == "state_pass"):
+        rules = {**rules, **SPLIT_KEYS_RULES}
     out = []
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
         guests = [st.kind for st in stages if st.kind != host and launch_of(st) == host and (host, st.kind) in FUSED_RULES]
@@ -373,6 +391,9 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     if split != (plan.family == "tied" and plan.structure.decay != "vector"):
         raise AssertionError(f"{ir.name}: the scalar- or no-decay delta family's c×c adjoints come from bwd_solve, "
                              "and only then")
+    # one split_keys hook for both state passes (_context): the forward's key_blocks attribute and the backward plan's
+    if split_reverse_pass(plan) != bool(plan.find("state_pass") and plan.stage("state_pass").attr("key_blocks")):
+        raise AssertionError(f"{ir.name}: the reverse state pass splits its key rows exactly where the forward's does")
     rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
@@ -663,7 +684,9 @@ def _context(ir: IR) -> dict:
                    bwd_kept_buffers=[], cp_backward_launches=[], state_only_launches={},
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
-    # the plan's launches and the attributes the templates follow
+    # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
+    # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
+    ctx["split_keys"] = bool(plan.find("state_pass") and plan.stage("state_pass").attr("key_blocks"))
     ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)

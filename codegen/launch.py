@@ -99,6 +99,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # A ⊙ e^{b_c − B}) and the gates; the untied stream and the residual route add tiles, not measured
         # And only where BV 64 still leaves programs for most SMs (B = 1, H = 16, the 32k shape: 32 against 64)
         wide_v = not few_state_programs(n_state, DV, 64)
+        if BK <= 128 and family == "additive" and route == "none":
+            # split over key-row blocks (one [64, BV] tile per program: compiler/plan.py, split_reverse_pass). H200,
+            # simple_gla (tune.py, run 82; two calls): reference shape BV 64 / 3 stages 0.094 ms, 4 stages 0.104, BV 32
+            # / 2 stages 0.117; B = 1, T = 32768, H = 16: BV 32 / 3 stages 0.673, BV 64 / 3 stages 0.878, BV 16 1.073
+            return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and few_states:
@@ -135,6 +140,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # H200 (tune.py, run 72): rwkv7_dplr 0.329 ms against 0.467, cler_h_kda 0.323 against 0.482; 8 warps
             # 0.378 / 0.326, 1 stage 0.549 / 0.525
             return max(bk_block, BK // 2), min(64, bv_full), 4, 2
+        if family == "additive" and route == "none" and BK <= 128:
+            # split over key-row blocks, dH alone (compiler/plan.py: split_reverse_pass). H200, simple_gla (tune.py, run
+            # 82): reference shape BV 64 / 3 stages 0.099 ms, 4 stages 0.101, BV 32 / 2 stages 0.109; B = 1,
+            # T = 32768, H = 16: BV 32 / 3 stages 0.355, BV 64 / 3 stages 0.413, BV 16 / 2 stages 0.554
+            wide_v = not few_state_programs(n_state, DV, 64)
+            return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
         if few_states and decay != "vector" and family in ("additive", "tied") and route == "none" and BK <= 128:
             # few programs (gdn at B = 1, T = 32768, H = 16; tune.py, run 79): BV 16 1.513 ms against BV 32's 1.672
             # (3 stages 1.757), BV 64 / 4 stages 4.474. BV 16 had faulted in run 2 (an older kernel); GPU checks at

@@ -622,8 +622,12 @@ def rule_state_pass(b: _Builder) -> None:
         bind.update(Z=b.op("z"), E=b.op("ke"), L=b.op("L"), brow=_brow(b))
         outs.append(b.new("r", "[B,T,HV,dv]", "in"))
         b.outputs["route"] = outs[-1].name
+    # the additive family without a route couples no key rows (no U = Ut - W H_n): a program per block of them, where
+    # the state pass runs alone (the output fused into it reads every key row)
+    split = b.family == "additive" and b.s.route == "none"
     b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
           keys_decayed=bool(b.op("Kg")) or None, route=b.s.route, sequential="chunks",
+          key_blocks="split when alone" if split else None,
           form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum " +
           ("Kg^T V" if b.op("Kg") else "(K e^(b_c-B))^T V"))
     b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]
@@ -813,9 +817,20 @@ class BackwardPlan:
         return [s.kind for s in self.stages]
 
 
+def split_reverse_pass(p: Plan) -> bool:
+    """Whether the reverse state pass carries dH alone, split over blocks of key rows: the additive family without a
+    route, whose dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO couples no key rows (no W^T dU term), so each key
+    block is a program of its own (twice the programs at dk = 128, as FLA's chunk_bwd_kernel_dh), and dU, which sums
+    over every key row, is formed chunk-parallel after it (bwd_local_values, as FLA's chunk_bwd_kernel_dv) rather
+    than on the sequential path."""
+    return p.family == "additive" and p.structure.route == "none"
+
+
 def _bwd_local_values(p: Plan) -> Stage | None:
     # The chunk-local share of dU needs no carried state: computed for all chunks at once, it leaves the
     # sequential reverse pass only the products with dH.
+    if split_reverse_pass(p):
+        return None
     ins = ("dO",) + (("dR",) if p.structure.route == "residual" else ())
     reads = ("output.scores",) + (("interaction.L",) if p.structure.route == "residual" else ())
     form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO" + \
@@ -824,17 +839,33 @@ def _bwd_local_values(p: Plan) -> Stage | None:
                  (("form", form), ("reads", reads)))
 
 
+def _bwd_values(p: Plan) -> Stage | None:
+    # split_reverse_pass: the whole of dU per chunk, after the reverse pass (same kind and kernel as the local share)
+    if not split_reverse_pass(p):
+        return None
+    reads = ("output.scores",) + (("decay_keys.Kg",) if p.find("decay_keys") else ())
+    return Stage("bwd_local_values", "bwd_local_values", ("dO", "dHn1"), (Operand("dU", "[B,T,HV,dv]", "in"),),
+                 (("form", "dU = scale (Q'*A)^T dO + (A e^(b_c-B)) dH_(n+1)"), ("reads", reads)))
+
+
 def _bwd_state_pass(p: Plan) -> Stage | None:
-    ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     untied = p.family == "untied"
+    kg = ("decay_keys.Kg",) if p.find("decay_keys") else ()
+    if split_reverse_pass(p):
+        form = "dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO"
+        return Stage("bwd_state_pass", "bwd_state_pass", ("dO", "dS_final"),
+                     (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dS0", "[N,HV,dk,dv]", "fp32")),
+                     (("form", form), ("reads", ("decay_keys.Qg",) if kg else ()), ("sequential", "chunks, reversed"),
+                      ("key_blocks", "split")))
+    ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
     if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
-        ((("decay_keys.Fg", "decay_keys.Kg") if untied else ("decay_keys.Kg",)) + ("decay_keys.Qg",) +
+        ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) +
          (("decay_keys.Eg",) if p.structure.route == "residual" else ())
-         if p.find("decay_keys") else ())
+         if kg else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
         (" - W^T dU" if p.family != "additive" else "") + \
@@ -1125,7 +1156,7 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_local_values, _bwd_state_pass, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_query,
+    _bwd_local_values, _bwd_state_pass, _bwd_values, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_query,
     _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 

@@ -455,7 +455,13 @@ def test_backward_plan(name):
     # delta family's scalar or no decay: the c×c adjoints once per chunk (bwd_solve), then per key block
     vector = ir.decay.kind == "vector"
     intra = ["bwd_scores", "bwd_intra"] if vector else ["bwd_solve"] if p.family == "tied" else []
-    assert kinds[:3 + len(intra)] == ["bwd_local_values", "bwd_state_pass", *intra, "bwd_grads"]
+    # the additive family without a route: the reverse pass carries dH alone, split over key blocks, and dU follows it
+    split = p.family == "additive" and ir.route == "none"
+    first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_local_values", "bwd_state_pass"]
+    assert kinds[:3 + len(intra)] == [*first, *intra, "bwd_grads"]
+    state = bp.stages[kinds.index("bwd_state_pass")]
+    assert (state.attr("key_blocks") == "split") == split and ("dU" in state.output_names) != split
+    assert (p.stage("state_pass").attr("key_blocks") is not None) == split
     # the decayed keys: read only by the state passes, freed before the peak either way: kept, not relaunched
     assert ("decay_keys" in p.kinds()) == vector and "decay_keys" not in bp.recomputed
     assert ("decay_keys" in bp.kept) == vector

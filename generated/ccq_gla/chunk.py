@@ -663,15 +663,15 @@ def chunk_interaction_kernel(
                  mask=up_row64 < eos)
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
-#   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
+#   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
     p_v, g_buf, kg_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
-    i_v = tl.program_id(0)
+    i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
+    i_v = tl.program_id(0) % tl.cdiv(DV, BV)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
     i_hv = i_nh % HV
@@ -680,17 +680,12 @@ def chunk_state_pass_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
+    o_kb = i_kb * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     o_k = o_kb
     m_k = o_k < DK
     b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -709,16 +704,12 @@ def chunk_state_pass_kernel(
             tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # U once, by the first key block
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
+                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -727,15 +718,6 @@ def chunk_state_pass_kernel(
             b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
             b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
-                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
 
             i_tc += 1
@@ -754,16 +736,12 @@ def chunk_state_pass_kernel(
             tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # U once, by the first key block
+            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
+                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -773,25 +751,11 @@ def chunk_state_pass_kernel(
             b_h0 = b_h0 * tl.exp2(b_gl)[:, None]
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_h1 = b_h1 * tl.exp2(b_gl)[:, None]
-                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
-
 
     if STORE_FINAL:
         o_k = o_kb
         m_k = o_k < DK
         tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
-
-        if DK > 1 * BK:
-            o_k = 1 * BK + o_kb
-            m_k = o_k < DK
-            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
@@ -831,13 +795,105 @@ def chunk_output_kernel(
     b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
-#   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
-#   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
+# ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
+#   store dH_{n+1}  (one program per block of BK key rows: no term couples them; bwd_local_values forms dU from dH)
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
+#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
+@triton.jit
+def chunk_bwd_state_kernel(
+    g_buf, qg_buf, do_buf, dh_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
+    i_v = tl.program_id(0) % tl.cdiv(DV, BV)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_kb = i_kb * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    o_k = o_kb
+    m_k = o_k < DK
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = n_tc - 1
+        while i_tc >= 0:
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
+            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
+            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
+            b_dos = b_do
+            o_k = o_kb
+            m_k = o_k < DK
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
+
+
+            i_tc -= 1
+    else:
+        for i_rev in range(0, n_tc):
+            i_tc = n_tc - 1 - i_rev
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
+            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
+            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
+            b_dos = b_do
+            o_k = o_kb
+            m_k = o_k < DK
+            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
+            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
+            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
+            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
+
+
+    o_k = o_kb
+    m_k = o_k < DK
+    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
+
+# ---- backward stage local_values: dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1}, per chunk, after the reverse pass ---
+#   The reverse state pass carries dH alone (split over key blocks: compiler/plan.py, split_reverse_pass); both
+#   shares of dU are summed here in fp32 and rounded once.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    s_buf, do_buf, dul_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    s_buf, kg_buf, do_buf, dh_buf, du_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -861,161 +917,20 @@ def chunk_bwd_local_values_kernel(
     m_ge = o_t[:, None] <= o_t[None, :]
     # vector decay: the scores come from the interaction stage (Sqa)
     b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
+    # the state's share: A ⊙ e^{b_c − B} as the decay_keys stage formed it, times dH_{n+1}
+    b_adh = tl.zeros([BT, BV], dtype=tl.float32)
+    p_dhn = dh_buf + (i_c.to(tl.int64) * HV + i_hv) * DK * DV
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_dh = tl.load(p_dhn + o_k[:, None] * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_adh += _mm(b_a, b_dh, DT_ID)
     b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
-# ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
-#   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
-#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
-@triton.jit
-def chunk_bwd_state_kernel(
-    g_buf, kg_buf, qg_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    o_k = o_kb
-    m_k = o_k < DK
-    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = n_tc - 1
-        while i_tc >= 0:
-            # em.rows (see the forward state pass)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
-            o_k = o_kb
-            m_k = o_k < DK
-            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
-                     mask=m_k[:, None] & m_v[None, :])
-            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_du += _mm(b_a, b_dh0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_du += _mm(b_a, b_dh1, DT_ID)
-
-            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
-                     mask=m_rv)
-            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
-            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
-            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
-            b_dos = b_do
-            o_k = o_kb
-            m_k = o_k < DK
-            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
-            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
-                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
-
-
-            i_tc -= 1
-    else:
-        for i_rev in range(0, n_tc):
-            i_tc = n_tc - 1 - i_rev
-            # em.rows (see the forward state pass)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
-            o_k = o_kb
-            m_k = o_k < DK
-            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
-                     mask=m_k[:, None] & m_v[None, :])
-            # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-            b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_du += _mm(b_a, b_dh0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-                # A ⊙ e^{b_c − B}, formed by the decay_keys stage
-                b_a = tl.load(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_du += _mm(b_a, b_dh1, DT_ID)
-
-            tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
-                     mask=m_rv)
-            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
-            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
-            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
-            b_dos = b_do
-            o_k = o_kb
-            m_k = o_k < DK
-            # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
-            b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
-            b_dh0 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                # Q̂ ⊙ e^B, formed by the decay_keys stage (the scale goes on the product: no extra rounding)
-                b_qf = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-                b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
-                b_dh1 += _mm(tl.trans(b_qf), b_dos, DT_ID) * scale
-
-
-    o_k = o_kb
-    m_k = o_k < DK
-    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
-
+    b_du = b_dul + b_adh
+    tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+             mask=m_rv)
 # ---- backward stage scores (per-channel decay): the gradients of the chunk's score matrices, once per chunk and head -
 #   dS = scale · mask(dO Uᵀ) is the gradient of the output scores Q̂ ⋆ A (j ≤ t).
 #   Stored in fp32 as [T, HV, BT] rows: bwd_intra reads them as 16×16 blocks, so the pair gradients under a per-channel
@@ -1789,8 +1704,8 @@ _KERNEL_ARGS = {
     'chunk_interaction_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'qg_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_local_values_kernel': ('s_buf', 'kg_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1809,7 +1724,7 @@ def _kernels():
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("curvature_query", chunk_curvature_query_kernel, "key_state"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ("output", chunk_output_kernel, "output"),
     ]
 
@@ -1820,14 +1735,14 @@ def _rerun_kernels(kept):
     for the backward stages (the forward's may have the output fused in, and store neither)."""
     if kept:
         return [
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ]
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("curvature_query", chunk_curvature_query_kernel, "key_state"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("state_pass", chunk_state_pass_kernel, "state_keys"),
     ]
 
 
@@ -1940,6 +1855,8 @@ class _Run:
                 grid = (triton.cdiv(DK, BV), N * H)
             elif kind == "state":
                 grid = (triton.cdiv(DV, BV), N * HV)
+            elif kind == "state_keys":  # and one program per block of BK key rows (rows that no term couples)
+                grid = (triton.cdiv(DV, BV) * triton.cdiv(DK, BK), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
             consts.update(BK=BK, BV=BV)
@@ -2109,10 +2026,10 @@ def _cp_kernels():
             ("interaction", chunk_interaction_kernel, "chunk"),
         ],
         "transition": [
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ],
         "final": [
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
             ("output", chunk_output_kernel, "output"),
         ],
     }
@@ -2215,8 +2132,8 @@ def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
     return [
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys"),
         ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
-        ("bwd_state", chunk_bwd_state_kernel, "state"),
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
@@ -2232,10 +2149,10 @@ def _cp_bwd_kernels():
     stage tagged first / aux_first runs with the slice's own final-state adjoints (for d0, the exchange's), one tagged
     again / aux_again after the exchange (a hook: kernel None) with the later ranks' adjoint added."""
     return [
-        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
-        ("bwd_state", chunk_bwd_state_kernel, "state", "first"),
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys", "first"),
         ("cp_state", None, "hook", None),
-        ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys", "again"),
+        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk", None),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys", None),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),

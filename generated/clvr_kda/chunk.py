@@ -1453,6 +1453,8 @@ class _Run:
                 grid = (triton.cdiv(DK, BV), N * H)
             elif kind == "state":
                 grid = (triton.cdiv(DV, BV), N * HV)
+            elif kind == "state_keys":  # and one program per block of BK key rows (rows that no term couples)
+                grid = (triton.cdiv(DV, BV) * triton.cdiv(DK, BK), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
             consts.update(BK=BK, BV=BV)

@@ -266,15 +266,15 @@ def chunk_precond_exact_kernel(
 
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = β Z;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
-#   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
+#   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
     p_k, p_v, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
-    i_v = tl.program_id(0)
+    i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
+    i_v = tl.program_id(0) % tl.cdiv(DV, BV)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
     i_hv = i_nh % HV
@@ -283,17 +283,12 @@ def chunk_state_pass_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
+    o_kb = i_kb * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     o_k = o_kb
     m_k = o_k < DK
     b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -312,28 +307,17 @@ def chunk_state_pass_kernel(
             tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u = b_z
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # U once, by the first key block
+            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
+                     mask=tl.where(i_kb == 0, m_rv, False))
             o_k = o_kb
             m_k = o_k < DK
             _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = _b_a_k
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_k
-                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
 
 
             i_tc += 1
@@ -352,39 +336,23 @@ def chunk_state_pass_kernel(
             tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h0, DT_ID).to(h_buf.dtype.element_ty),
                      mask=m_k[:, None] & m_v[None, :])
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u = b_z
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # U once, by the first key block
+            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
+                     mask=tl.where(i_kb == 0, m_rv, False))
             o_k = o_kb
             m_k = o_k < DK
             _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a = _b_a_k
             b_h0 = b_h0 + _mm(tl.trans(b_a), b_u, DT_ID)
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_k
-                b_h1 = b_h1 + _mm(tl.trans(b_a), b_u, DT_ID)
-
 
     if STORE_FINAL:
         o_k = o_kb
         m_k = o_k < DK
         tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
-
-        if DK > 1 * BK:
-            o_k = 1 * BK + o_kb
-            m_k = o_k < DK
-            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
@@ -429,12 +397,98 @@ def chunk_output_kernel(
     b_s = tl.where(m_le, b_s, 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
-#   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
-#   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
+# ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
+#   store dH_{n+1}  (one program per block of BK key rows: no term couples them; bwd_local_values forms dU from dH)
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
+#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
+@triton.jit
+def chunk_bwd_state_kernel(
+    qh_buf, do_buf, dh_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
+    i_v = tl.program_id(0) % tl.cdiv(DV, BV)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_kb = i_kb * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    o_k = o_kb
+    m_k = o_k < DK
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = n_tc - 1
+        while i_tc >= 0:
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
+            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
+            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
+            b_dos = b_do
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
+
+
+            i_tc -= 1
+    else:
+        for i_rev in range(0, n_tc):
+            i_tc = n_tc - 1 - i_rev
+            # em.rows (see the forward state pass)
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
+            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            o_k = o_kb
+            m_k = o_k < DK
+            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
+                     mask=m_k[:, None] & m_v[None, :])
+
+            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
+            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
+            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
+            b_dos = b_do
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q
+            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
+
+
+    o_k = o_kb
+    m_k = o_k < DK
+    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
+
+# ---- backward stage local_values: dU = scale (Q̂⋆A)ᵀ dO + (A ⊙ e^{b_c − B}) dH_{n+1}, per chunk, after the reverse pass ---
+#   The reverse state pass carries dH alone (split over key blocks: compiler/plan.py, split_reverse_pass); both
+#   shares of dU are summed here in fp32 and rounded once.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    p_k, qh_buf, do_buf, dul_buf, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    p_k, qh_buf, do_buf, dh_buf, du_buf, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -459,6 +513,10 @@ def chunk_bwd_local_values_kernel(
     # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
     m_ge = o_t[:, None] <= o_t[None, :]
     b_st = tl.zeros([BT, BT], dtype=tl.float32)
+    # the state's share in the same pass over the key blocks: the rows of A times dH_{n+1}'s (summed in the matmul
+    # accumulator; the per-token factor e^{b_c − B} scales the sum's rows once, as the reverse pass did)
+    b_adh = tl.zeros([BT, BV], dtype=tl.float32)
+    p_dhn = dh_buf + (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
@@ -467,152 +525,14 @@ def chunk_bwd_local_values_kernel(
         _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_a = _b_a_k
         b_st += _mm(b_a, tl.trans(b_q), DT_ID)
+        b_dh = tl.load(p_dhn + o_k[:, None] * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_adh += _mm(b_a, b_dh, DT_ID)
     b_st = tl.where(m_ge, b_st, 0.)
     b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
-# ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
-#   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO
-#   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
-@triton.jit
-def chunk_bwd_state_kernel(
-    p_k, qh_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    o_k = o_kb
-    m_k = o_k < DK
-    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = n_tc - 1
-        while i_tc >= 0:
-            # em.rows (see the forward state pass)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
-            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
-            o_k = o_kb
-            m_k = o_k < DK
-            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
-                     mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_k
-            b_du += _mm(b_a, b_dh0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_k
-                b_du += _mm(b_a, b_dh1, DT_ID)
-
-            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
-                     mask=m_rv)
-            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
-            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
-            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
-            b_dos = b_do
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
-
-
-            i_tc -= 1
-    else:
-        for i_rev in range(0, n_tc):
-            i_tc = n_tc - 1 - i_rev
-            # em.rows (see the forward state pass)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rv = m_r[:, None] & m_v[None, :]
-            p_dhn = dh_buf + ((c_first + i_tc) * HV + i_hv) * DK * DV
-            b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
-            # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
-            o_k = o_kb
-            m_k = o_k < DK
-            tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh0, DT_ID).to(dh_buf.dtype.element_ty),
-                     mask=m_k[:, None] & m_v[None, :])
-            _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_a = _b_a_k
-            b_du += _mm(b_a, b_dh0, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                tl.store(p_dhn + o_k[:, None] * DV + o_v[None, :], _round(b_dh1, DT_ID).to(dh_buf.dtype.element_ty),
-                         mask=m_k[:, None] & m_v[None, :])
-                _b_a_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_a = _b_a_k
-                b_du += _mm(b_a, b_dh1, DT_ID)
-
-            tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
-                     mask=m_rv)
-            # dH_n, per key block, through the matmul accumulator. Each factor rides on a rounding to the input dtype that
-            # happens anyway (the operand that carries e^B); a separate `dO · scale` would add one (gla's dv: 3.2e-3 →
-            # 3.4e-3 at full size), so without a decay the scale is applied to the product.
-            b_dos = b_do
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q
-            b_dh0 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q
-                b_dh1 += _mm(tl.trans(b_q), b_dos, DT_ID) * scale
-
-
-    o_k = o_kb
-    m_k = o_k < DK
-    tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh0, mask=m_k[:, None] & m_v[None, :])
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        tl.store(ds0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_dh1, mask=m_k[:, None] & m_v[None, :])
-
+    b_du = b_dul + b_adh
+    tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
+             mask=m_rv)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
 #   q̂ (query), a (write key), z (target); loops over dv blocks, then forms the c×c parts.
 #   One program per chunk, head and block of BK key channels: the c×c products over the value channels are formed
@@ -858,8 +778,8 @@ _KERNEL_ARGS = {
     'chunk_precond_exact_kernel': ('p_q', 'p_k', 'qh_buf', 'gn_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_state_pass_kernel': ('p_k', 'p_v', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_k', 'qh_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('p_k', 'qh_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('p_k', 'qh_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('qh_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_local_values_kernel': ('p_k', 'qh_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_k', 'p_v', 'qh_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'az_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_exact_kernel': ('p_q', 'p_k', 'aq_buf', 'gn_buf', 'akx_buf', 'aqx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_bwd_precond_gram_kernel': ('p_k', 'gn_buf', 'p_out', 'dp_fin', 'dp0', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK'),
@@ -873,7 +793,7 @@ def _kernels():
     return [
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
-        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ("output", chunk_output_kernel, "output"),
     ]
 
@@ -886,12 +806,12 @@ def _rerun_kernels(kept):
         return [
             ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
             ("precond_exact", chunk_precond_exact_kernel, "chunk"),
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ]
     return [
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
-        ("state_pass", chunk_state_pass_kernel, "state"),
+        ("state_pass", chunk_state_pass_kernel, "state_keys"),
     ]
 
 
@@ -1004,6 +924,8 @@ class _Run:
                 grid = (triton.cdiv(DK, BV), N * H)
             elif kind == "state":
                 grid = (triton.cdiv(DV, BV), N * HV)
+            elif kind == "state_keys":  # and one program per block of BK key rows (rows that no term couples)
+                grid = (triton.cdiv(DV, BV) * triton.cdiv(DK, BK), N * HV)
             else:
                 grid = (triton.cdiv(DV, BV), NT, HV)
             consts.update(BK=BK, BV=BV)
@@ -1156,10 +1078,10 @@ def _cp_kernels():
         "after_aux": [
         ],
         "transition": [
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ],
         "final": [
-            ("state_pass", chunk_state_pass_kernel, "state"),
+            ("state_pass", chunk_state_pass_kernel, "state_keys"),
             ("output", chunk_output_kernel, "output"),
         ],
     }
@@ -1262,8 +1184,8 @@ def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
     return [
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys"),
         ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
-        ("bwd_state", chunk_bwd_state_kernel, "state"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("bwd_precond_exact", chunk_bwd_precond_exact_kernel, "chunk"),
         ("bwd_precond_gram", chunk_bwd_precond_gram_kernel, "seq_hp"),
@@ -1276,10 +1198,10 @@ def _cp_bwd_kernels():
     stage tagged first / aux_first runs with the slice's own final-state adjoints (for d0, the exchange's), one tagged
     again / aux_again after the exchange (a hook: kernel None) with the later ranks' adjoint added."""
     return [
-        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
-        ("bwd_state", chunk_bwd_state_kernel, "state", "first"),
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys", "first"),
         ("cp_state", None, "hook", None),
-        ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
+        ("bwd_state", chunk_bwd_state_kernel, "state_keys", "again"),
+        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
         ("bwd_precond_exact", chunk_bwd_precond_exact_kernel, "chunk", None),
         ("bwd_precond_gram", chunk_bwd_precond_gram_kernel, "seq_hp", None),
