@@ -33,11 +33,12 @@ def few_state_programs(n_state: int | None, DV: int, BV: int = 32) -> bool:
 
 
 def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
-                 n_state: int | None = None) -> tuple[int, int, int, int]:
+                 n_state: int | None = None, precond: str = "none") -> tuple[int, int, int, int]:
     """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
     tied, untied: compiler/plan.py) and a route (none, residual), which pick the stage's template and its tiles.
     n_state: the sequences × value heads of the call (the state passes' programs per value block), None where the
-    call is not known (the printed table): taken as enough to fill the GPU.
+    call is not known (the printed table): taken as enough to fill the GPU. precond: the preconditioner's kind
+    (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes).
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -104,6 +105,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # simple_gla (tune.py, run 82; two calls): reference shape BV 64 / 3 stages 0.094 ms, 4 stages 0.104, BV 32
             # / 2 stages 0.117; B = 1, T = 32768, H = 16: BV 32 / 3 stages 0.673, BV 64 / 3 stages 0.878, BV 16 1.073
             return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
+        if BK <= 128 and family == "tied" and route == "residual" and decay != "vector" and wide_v:
+            # the residual route's state pass (its E, L and Z tiles besides W, U, K). H200, cler_h_gdn (tune.py, run 83;
+            # two calls): BV 64 / 4 stages 0.221 ms, 3 stages 0.227, BV 32 / 2 stages (the setting before) 0.292
+            return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and few_states:
@@ -130,8 +135,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), stages
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
-        # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128
-        return bk_block, max(16, min(128, _next_pow2(DV))), 4, 2
+        # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128. The residual
+        # route (− L'ᵀ dR too; tune.py, cler_h_gdn, run 83): 3 stages 0.139 ms against 2 stages' 0.151
+        return bk_block, max(16, min(128, _next_pow2(DV))), 4, (3 if route == "residual" else 2)
     if name == "bwd_state":
         if decay == "vector" and (family == "untied" or route == "residual"):
             # a third per-step [BT, BK] key tile pair (the untied write stream's W ⊙ e^{b_c − B}, the residual route's
@@ -151,6 +157,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # (3 stages 1.757), BV 64 / 4 stages 4.474. BV 16 had faulted in run 2 (an older kernel); GPU checks at
             # B = 2 (these settings) right in run 80: gdn, simple_gla, deltanet, pgdn, ccq_gdn, ccq_gla
             return max(bk_block, BK // 2), min(16, bv_full), 4, 2
+        if precond == "diag" and decay != "vector" and BK <= 128 and not few_states:
+            # the diagonal preconditioner's fp32 k̃ as the write key (tune.py, pgdn, run 83): BV 64 / 3 stages 0.287 ms,
+            # BV 32 / 2 stages 0.349; gdn (same run) stays fastest at BV 32 / 2 stages (0.279; BV 64 / 3 stages 0.372),
+            # deltanet too (0.244 against 0.633)
+            return max(bk_block, BK // 2), min(64, bv_full), 4, 3
         # dH as 64-row key tiles (run 9, full-width [128, 32] tiles: 0.29 ms). Compile report at dk = dv = 128: BV 32 /
         # 4 warps 146 registers, no spill; BV 64 / 4 warps 255 + 16 B spill. 4 warps: at 8 warps Triton 3.6 emitted a
         # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
@@ -261,13 +272,14 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str) -> str:
+def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str,
+                    precond: str = "none") -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
     lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides; few: a call with few "
              "sequences × value heads)"]
     for name in stages:
-        cfg = table_launch(name, DK, DV, decay, family, route)
-        few = table_launch(name, DK, DV, decay, family, route, n_state=1)
+        cfg = table_launch(name, DK, DV, decay, family, route, precond=precond)
+        few = table_launch(name, DK, DV, decay, family, route, n_state=1, precond=precond)
         line = f"    {name:<20} BK={cfg[0]:<4} BV={cfg[1]:<4} warps={cfg[2]} stages={cfg[3]}"
         if few != cfg:
             line += f"   few: BK={few[0]} BV={few[1]} warps={few[2]} stages={few[3]}"
