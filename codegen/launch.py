@@ -105,9 +105,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # simple_gla (tune.py, run 82; two calls): reference shape BV 64 / 3 stages 0.094 ms, 4 stages 0.104, BV 32
             # / 2 stages 0.117; B = 1, T = 32768, H = 16: BV 32 / 3 stages 0.673, BV 64 / 3 stages 0.878, BV 16 1.073
             return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
-        if BK <= 128 and family == "tied" and route == "residual" and decay != "vector" and wide_v:
-            # the residual route's state pass (its E, L and Z tiles besides W, U, K). H200, cler_h_gdn (tune.py, run 83;
-            # two calls): BV 64 / 4 stages 0.221 ms, 3 stages 0.227, BV 32 / 2 stages (the setting before) 0.292
+        if BK <= 128 and family == "tied" and route == "residual" and wide_v:
+            # the residual route's state pass (its E, L and Z tiles besides W, U, K). H200 (tune.py; two calls):
+            # cler_h_gdn (run 83) BV 64 / 4 stages 0.221 ms, 3 stages 0.227, BV 32 / 2 stages (the setting before) 0.292;
+            # cler_h_kda (run 85) 0.300, 0.318, 0.336
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
