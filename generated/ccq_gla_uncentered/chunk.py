@@ -630,7 +630,7 @@ def chunk_interaction_kernel(
 #   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_v, g_buf, kg_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
+    p_v, g_buf, kg_buf, h_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -671,9 +671,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -703,9 +700,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -724,7 +718,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    s_buf, qg_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
+    p_v, s_buf, qg_buf, h_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -745,7 +739,10 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+    _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+    b_u = b_z
+
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k]
     for i_k in range(0, tl.cdiv(DK, BK)):
@@ -901,7 +898,7 @@ def chunk_bwd_local_values_kernel(
 #   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
 @triton.jit
 def chunk_bwd_scores_kernel(
-    vn_buf, do_buf, dsq_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, do_buf, dsq_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -924,7 +921,10 @@ def chunk_bwd_scores_kernel(
         m_v = o_v < DV
         m_rv = m_r[:, None] & m_v[None, :]
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_u = b_z
+
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
@@ -1054,8 +1054,8 @@ def chunk_bwd_intra_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, g_buf, qh_buf, ql_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v,
-    pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, g_buf, qh_buf, ql_buf, h_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v, pn_k,
+    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -1085,10 +1085,11 @@ def chunk_bwd_grad_kernel(
         b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_u = b_z
+
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
@@ -1625,13 +1626,13 @@ _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'corr_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_v', 's_buf', 'qg_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'qg_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'kg_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_scores_kernel': ('p_v', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
@@ -1983,7 +1984,8 @@ def _transition(run, s0):
             u = u.view(-1, DV)
             bufs["u_buf"] = torch.cat([u, u.new_zeros((u.shape[0], wide - DV))], dim=1).reshape(-1)
     bufs["h_buf"] = torch.empty(run.NT * run.HV * DK * wide, dtype=run.dt, device=run.device)
-    bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    if "vn_buf" in bufs:  # U (the delta families; the additive one forms it on its loads)
+        bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     if bufs["r_buf"].numel() > 1:
         bufs["r_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)

@@ -1687,7 +1687,8 @@ def _transition(run, s0):
             u = u.view(-1, DV)
             bufs["u_buf"] = torch.cat([u, u.new_zeros((u.shape[0], wide - DV))], dim=1).reshape(-1)
     bufs["h_buf"] = torch.empty(run.NT * run.HV * DK * wide, dtype=run.dt, device=run.device)
-    bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    if "vn_buf" in bufs:  # U (the delta families; the additive one forms it on its loads)
+        bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     if bufs["r_buf"].numel() > 1:
         bufs["r_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)

@@ -403,7 +403,7 @@ def chunk_interaction_kernel(
 #   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_v, g_buf, kg_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
+    p_v, g_buf, kg_buf, h_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
     STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -444,9 +444,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -476,9 +473,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -497,7 +491,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    s_buf, qg_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
+    p_v, s_buf, qg_buf, h_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -518,7 +512,10 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+    _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+    b_u = b_z
+
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k]
     for i_k in range(0, tl.cdiv(DK, BK)):
@@ -674,7 +671,7 @@ def chunk_bwd_local_values_kernel(
 #   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
 @triton.jit
 def chunk_bwd_scores_kernel(
-    vn_buf, do_buf, dsq_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, do_buf, dsq_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -697,7 +694,10 @@ def chunk_bwd_scores_kernel(
         m_v = o_v < DV
         m_rv = m_r[:, None] & m_v[None, :]
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_u = b_z
+
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
@@ -826,9 +826,9 @@ def chunk_bwd_intra_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, g_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ag_buf, pq_buf, pa_buf, dx_q, dx_k, dx_v,
-    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_q, p_k, p_v, g_buf, h_buf, do_buf, dh_buf, du_buf, ag_buf, pq_buf, pa_buf, dx_q, dx_k, dx_v, cu_seqlens,
+    chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -857,10 +857,11 @@ def chunk_bwd_grad_kernel(
         b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+        b_u = b_z
+
+        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
@@ -955,13 +956,13 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'g_buf', 's_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_v', 's_buf', 'qg_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'qg_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'kg_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_scores_kernel': ('vn_buf', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_scores_kernel': ('p_v', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1289,7 +1290,8 @@ def _transition(run, s0):
             u = u.view(-1, DV)
             bufs["u_buf"] = torch.cat([u, u.new_zeros((u.shape[0], wide - DV))], dim=1).reshape(-1)
     bufs["h_buf"] = torch.empty(run.NT * run.HV * DK * wide, dtype=run.dt, device=run.device)
-    bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    if "vn_buf" in bufs:  # U (the delta families; the additive one forms it on its loads)
+        bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     if bufs["r_buf"].numel() > 1:
         bufs["r_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)

@@ -344,7 +344,7 @@ def chunk_state_output_kernel(
 #   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_k, p_v, g_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
+    p_k, p_v, g_buf, h_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -385,9 +385,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -420,9 +417,6 @@ def chunk_state_pass_kernel(
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u = b_z
-            # U once, by the first key block
-            tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty),
-                     mask=tl.where(i_kb == 0, m_rv, False))
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -444,7 +438,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    p_q, p_k, g_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    p_q, p_k, p_v, g_buf, h_buf, o_buf, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -466,7 +460,10 @@ def chunk_output_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
-    b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+    _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    b_z = _b_z_v
+    b_u = b_z
+
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
@@ -643,9 +640,9 @@ def chunk_bwd_local_values_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, g_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ag_buf, dx_q, dx_k, dx_v, cu_seqlens,
-    chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_q, p_k, p_v, g_buf, h_buf, do_buf, dh_buf, du_buf, ag_buf, dx_q, dx_k, dx_v, cu_seqlens, chunk_indices, scale,
+    TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -676,10 +673,11 @@ def chunk_bwd_grad_kernel(
         b_h = tl.load(h_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
+        b_u = b_z
+
+        b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
@@ -751,11 +749,11 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_state_output_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'o_buf', 's0', 's_out', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_state_pass_kernel': ('p_k', 'p_v', 'g_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('p_q', 'p_k', 'g_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('p_k', 'p_v', 'g_buf', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'g_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('p_q', 'p_k', 'g_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1108,7 +1106,8 @@ def _transition(run, s0):
             u = u.view(-1, DV)
             bufs["u_buf"] = torch.cat([u, u.new_zeros((u.shape[0], wide - DV))], dim=1).reshape(-1)
     bufs["h_buf"] = torch.empty(run.NT * run.HV * DK * wide, dtype=run.dt, device=run.device)
-    bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
+    if "vn_buf" in bufs:  # U (the delta families; the additive one forms it on its loads)
+        bufs["vn_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     if bufs["r_buf"].numel() > 1:
         bufs["r_buf"] = torch.empty(run.TT * run.HV * wide, dtype=run.dt, device=run.device)
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)
