@@ -113,7 +113,8 @@ _RERUN_BUFFERS = {"decay_keys": ("kg_buf", "qg_buf", "wg_buf"), "state_pass": ("
 def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan's output fused into the state pass for some calls only (`unfused_when`): the interpreter keeps the
     fused form; few sequences × value heads on a GPU, or FUSE_OUTPUT forced off, launch the state pass then the output,
-    and only then does the host allocate H_n (and U, which the delta families' state pass forms). The backward reruns the state pass alone either way."""
+    and only then does the host allocate H_n (and U, which the delta families' state pass forms). The backward reruns
+    the state pass alone either way."""
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     plan = build_plan(rec.ir, 64, 16)
     mod = load_chunk(rec.ir)
