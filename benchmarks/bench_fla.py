@@ -177,6 +177,22 @@ def peak_mib(step: Callable[[], None]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+SOURCE_DIRS = ("dsl", "compiler", "codegen", "runtime")
+
+
+def source_hash() -> str:
+    """SHA-256 (16 hex digits) of the package's pipeline sources (dsl, compiler, codegen, runtime: .py and .jinja, by
+    relative path and content), which name the tree a benchmark ran whatever the checkout's git says."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for d in SOURCE_DIRS:
+        for f in sorted((ROOT / d).rglob("*")):
+            if f.suffix in (".py", ".jinja") and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def forced_output(fn: Callable, fuse: bool) -> Callable:
     """`fn` with every loaded chunk module that fuses its output per call (FUSE_OUTPUT) forced to `fuse` while it runs
     (only the forward's launch list depends on it; the modules are found at the first call, which loads them)."""
@@ -327,12 +343,19 @@ def main() -> int:
                    help="also dgps with the output forced fused into the state pass and forced into its own launch")
     p.add_argument("--accuracy", action="store_true",
                    help="errors of o and every gradient against the float64 reference, for each side")
+    p.add_argument("--source-hash", action="store_true",
+                   help="print the hash of the package's sources (the JSON's source_hash) and exit")
     args = p.parse_args()
+    if args.source_hash:
+        print(source_hash())
+        return 0
     B, T, H, D = args.shape
-    # DGPS_COMMIT: the device's copy of the checkout may carry an older .git than the tree it was sent
+    # DGPS_COMMIT: the device's copy of the checkout may carry an older .git than the tree it was sent (its HEAD is then
+    # stale: source_hash names the tree that ran; `--source-hash` at a commit here gives the same value)
     commit = os.environ.get("DGPS_COMMIT") or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                                              capture_output=True, text=True).stdout.strip()
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+                    "source_hash": source_hash(),
                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "fla": None, "shape": [B, T, H, D], "repetitions": args.reps, "fla_guard_lifted": True,
                     "systems": {}, "flashqla": {}, "variants_fwdbwd_ms": {}, "cold_start_s": {}, "profiles": {}}

@@ -44,3 +44,23 @@ def test_forced_output_form(monkeypatch: pytest.MonkeyPatch) -> None:
         bench.forced_output(call, False)("raise")
     assert seen == [(False, "untouched"), (True, "untouched"), (False, "untouched")]
     assert chunk.FUSE_OUTPUT is None and other.FUSE_OUTPUT == "untouched"
+
+
+def test_source_hash_names_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JSON's source_hash follows the pipeline sources' paths and contents, nothing else (the device's copy of the
+    checkout can carry a stale git HEAD, so the hash is what names the tree a run measured)."""
+    bench = _bench()
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    for d in bench.SOURCE_DIRS:
+        (tmp_path / d).mkdir()
+    (tmp_path / "codegen" / "a.jinja").write_text("x")
+    first = bench.source_hash()
+    (tmp_path / "codegen" / "notes.md").write_text("not a source")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "b.py").write_text("outside the pipeline")
+    assert bench.source_hash() == first
+    (tmp_path / "codegen" / "a.jinja").write_text("y")
+    assert bench.source_hash() != first
+    (tmp_path / "codegen" / "a.jinja").write_text("x")
+    (tmp_path / "codegen" / "a.jinja").rename(tmp_path / "compiler" / "a.jinja")  # same content, another path
+    assert bench.source_hash() != first
