@@ -163,6 +163,17 @@ def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) ->
                     overrides={st: (BK, BV, 4, 1) for st in stages})
 
 
+@pytest.mark.parametrize("name", ["simple_gla", "gla", "mamba2"])
+def test_additive_state_passes_split_over_key_blocks(name: str) -> None:
+    """The additive family's state passes hold one block of key rows per program (compiler/plan.py:
+    split_reverse_pass): at dk = 48 with BK = 16 that is three blocks (the third padded), and dU is formed after the
+    reverse pass from all of them (bwd_local_values, in blocks of 16 key channels too); grouped value heads, packed
+    sequences cut inside chunks, a gain (mamba2's dt) formed on the loads."""
+    stages = ("state_pass", "bwd_state", "bwd_local_values")
+    check_gradients(name, T=150, H=1, HV=2, dk=48, dv=24, varlen=True, cuts=(45, 100),
+                    overrides={st: (16, 16, 4, 1) for st in stages})
+
+
 @pytest.mark.parametrize("name", ["gdn", "kda"])
 def test_gradients_fp16(name: str) -> None:
     check_gradients(name, dtype=torch.float16, HV=4)
