@@ -625,6 +625,18 @@ def test_launch_table_by_sequences_and_heads() -> None:
     assert table_launch("state_pass", 128, 128, *tied, 16) == (64, 32, 4, 3)
     assert table_launch("bwd_state", 128, 128, *tied, 16)[1] == table_launch("state_output", 128, 128, *tied, 16)[1] == 16
     assert table_launch("bwd_state", 128, 128, *tied, 64)[1] == 32
-    # the untied family and the residual route keep their own settings whatever the batch
-    for fam_route in (("vector", "untied", "none"), ("vector", "tied", "residual")):
-        assert table_launch("state_pass", 128, 128, *fam_route, 16) == table_launch("state_pass", 128, 128, *fam_route)
+    # the untied family keeps its own settings whatever the batch; the residual route's state pass takes BV 64 / 4
+    # stages only where the call fills the GPU (runs 83, 85), as the tied family's
+    untied = ("vector", "untied", "none")
+    assert table_launch("state_pass", 128, 128, *untied, 16) == table_launch("state_pass", 128, 128, *untied)
+    for decay in ("scalar", "vector"):
+        residual = (decay, "tied", "residual")
+        assert table_launch("state_pass", 128, 128, *residual, 64) == (64, 64, 4, 4)
+        assert table_launch("state_pass", 128, 128, *residual, 16)[1] == 32
+    # the additive family's split passes (one key block per program): BV 64 / 3 stages, BV 32 for few (run 82)
+    additive = ("scalar", "additive", "none")
+    for stage in ("state_pass", "bwd_state"):
+        assert table_launch(stage, 128, 128, *additive, 64) == (64, 64, 4, 3)
+        assert table_launch(stage, 128, 128, *additive, 16) == (64, 32, 4, 3)
+    # the diagonal preconditioner's fp32 k̃ stream: its reverse pass at BV 64 / 3 stages (run 83), gdn's at BV 32
+    assert table_launch("bwd_state", 128, 128, *tied, 64, "diag") == (64, 64, 4, 3)
