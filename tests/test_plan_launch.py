@@ -99,7 +99,11 @@ def test_launches_are_the_plan(name: str) -> None:
     rerun = _want(plan, bp.recomputed)
     assert "chunk_state_pass_kernel" in rerun
     bwd = [BWD_KERNEL[k] for k in bp.kinds()]
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept)) == rerun + bwd
+    bbufs: dict = {}
+    assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept), bbufs) == rerun + bwd
+    # the rerun stores U exactly where the plan's state pass outputs it (the additive family's U = β Z is formed on
+    # its consumers' loads)
+    assert ("vn_buf" in bbufs and bbufs["vn_buf"].numel() > 1) == ("U" in plan.stage("state_pass").output_names)
     # without what the forward kept, the backward reruns the whole forward plan but the output
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
 
