@@ -307,7 +307,7 @@ SPLIT_KEYS_BACKWARD_RULES = {
 def backward_rules(plan: Plan, bplan: BackwardPlan) -> dict[str, Launch]:
     """Backward stage kind -> its launch, for this plan's family and backward plan."""
     rules = dict(BACKWARD_RULES)
-    if any(st.attr("key_blocks") == "split" for st in bplan.stages if st.kind == "bwd_state_pass"):
+    if split_reverse_pass(plan):
         rules.update(SPLIT_KEYS_BACKWARD_RULES)
     if plan.family == "untied":
         rules.update(UNTIED_BACKWARD_RULES)
@@ -391,9 +391,6 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     if split != (plan.family == "tied" and plan.structure.decay != "vector"):
         raise AssertionError(f"{ir.name}: the scalar- or no-decay delta family's c×c adjoints come from bwd_solve, "
                              "and only then")
-    # one split_keys hook for both state passes (_context): the forward's key_blocks attribute and the backward plan's
-    if split_reverse_pass(plan) != bool(plan.find("state_pass") and plan.stage("state_pass").attr("key_blocks")):
-        raise AssertionError(f"{ir.name}: the reverse state pass splits its key rows exactly where the forward's does")
     rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
@@ -686,7 +683,7 @@ def _context(ir: IR) -> dict:
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
-    ctx["split_keys"] = bool(plan.find("state_pass") and plan.stage("state_pass").attr("key_blocks"))
+    ctx["split_keys"] = split_reverse_pass(plan)
     ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)

@@ -47,6 +47,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     BK = max(16, _next_pow2(DK))
     bk_block = min(64, BK)
     few_states = few_state_programs(n_state, DV)
+    wide_v = not few_state_programs(n_state, DV, 64)  # programs enough for the state passes at BV 64
     bv_full = max(16, min(64, _next_pow2(DV)))
     wide = BK >= 128
     if name == "l2norm":
@@ -99,7 +100,6 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # The additive and tied families without a route only: their per-step tiles are W, U, the key (or
         # A ⊙ e^{b_c − B}) and the gates; the untied stream and the residual route add tiles, not measured
         # And only where BV 64 still leaves programs for most SMs (B = 1, H = 16, the 32k shape: 32 against 64)
-        wide_v = not few_state_programs(n_state, DV, 64)
         if BK <= 128 and family == "additive" and route == "none":
             # split over key-row blocks (one [64, BV] tile per program: compiler/plan.py, split_reverse_pass). H200,
             # simple_gla (tune.py, run 82; two calls): reference shape BV 64 / 3 stages 0.094 ms, 4 stages 0.104, BV 32
@@ -151,7 +151,6 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # split over key-row blocks, dH alone (compiler/plan.py: split_reverse_pass). H200, simple_gla (tune.py, run
             # 82): reference shape BV 64 / 3 stages 0.099 ms, 4 stages 0.101, BV 32 / 2 stages 0.109; B = 1,
             # T = 32768, H = 16: BV 32 / 3 stages 0.355, BV 64 / 3 stages 0.413, BV 16 / 2 stages 0.554
-            wide_v = not few_state_programs(n_state, DV, 64)
             return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
         if few_states and decay != "vector" and family in ("additive", "tied") and route == "none" and BK <= 128:
             # few programs (gdn at B = 1, T = 32768, H = 16; tune.py, run 79): BV 16 1.513 ms against BV 32's 1.672

@@ -818,12 +818,13 @@ class BackwardPlan:
 
 
 def split_reverse_pass(p: Plan) -> bool:
-    """Whether the reverse state pass carries dH alone, split over blocks of key rows: the additive family without a
-    route, whose dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO couples no key rows (no W^T dU term), so each key
-    block is a program of its own (twice the programs at dk = 128, as FLA's chunk_bwd_kernel_dh), and dU, which sums
-    over every key row, is formed chunk-parallel after it (bwd_local_values, as FLA's chunk_bwd_kernel_dv) rather
-    than on the sequential path."""
-    return p.family == "additive" and p.structure.route == "none"
+    """Whether the state passes split over blocks of key rows, as the forward's `key_blocks` attribute says
+    (rule_state_pass: the additive family without a route). The reverse pass then carries dH alone: its dH_n =
+    e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO couples no key rows (no W^T dU term), so each key block is a program of its
+    own (twice the programs at dk = 128, as FLA's chunk_bwd_kernel_dh), and dU, which sums over every key row, is
+    formed chunk-parallel after it (bwd_local_values, as FLA's chunk_bwd_kernel_dv) rather than on the sequential
+    path."""
+    return bool(p.find("state_pass") and p.stage("state_pass").attr("key_blocks"))
 
 
 def _bwd_local_values(p: Plan) -> Stage | None:

@@ -876,11 +876,13 @@ def chunk_bwd_local_values_kernel(
     # (Q̂⋆A)ᵀ is formed directly (A Q̂ᵀ, upper triangle): Triton 3.6 miscompiles tl.trans of a computed tile into
     # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
     m_ge = o_t[:, None] <= o_t[None, :]
-    # vector decay: the scores come from the interaction stage (Sqa)
-    b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
-    # the state's share: A ⊙ e^{b_c − B} as the decay_keys stage formed it, times dH_{n+1}
+    # the state's share, (A ⊙ e^{b_c − B}) dH_{n+1}: the rows of A times dH_{n+1}'s over the key blocks, summed in the
+    # matmul accumulator
     b_adh = tl.zeros([BT, BV], dtype=tl.float32)
     p_dhn = dh_buf + (i_c.to(tl.int64) * HV + i_hv) * DK * DV
+    # vector decay: the scores come from the interaction stage (Sqa)
+    b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
+    # A ⊙ e^{b_c − B} as the decay_keys stage formed it
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK

@@ -606,11 +606,13 @@ def chunk_bwd_local_values_kernel(
     # (Q̂⋆A)ᵀ is formed directly (A Q̂ᵀ, upper triangle): Triton 3.6 miscompiles tl.trans of a computed tile into
     # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
     m_ge = o_t[:, None] <= o_t[None, :]
-    b_st = tl.zeros([BT, BT], dtype=tl.float32)
-    # the state's share in the same pass over the key blocks: the rows of A times dH_{n+1}'s (summed in the matmul
-    # accumulator; the per-token factor e^{b_c − B} scales the sum's rows once, as the reverse pass did)
+    # the state's share, (A ⊙ e^{b_c − B}) dH_{n+1}: the rows of A times dH_{n+1}'s over the key blocks, summed in the
+    # matmul accumulator
     b_adh = tl.zeros([BT, BV], dtype=tl.float32)
     p_dhn = dh_buf + (i_c.to(tl.int64) * HV + i_hv) * DK * DV
+    b_st = tl.zeros([BT, BT], dtype=tl.float32)
+    # each key block's A once for both products (the state's share takes its per-token factor e^{b_c − B} on the
+    # sum's rows below, as the reverse pass did)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
