@@ -21,7 +21,9 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     precond_diag         PDN statistic: decayed cumsum within a chunk + carry across chunks -> k̃
     precond_gram         exact preconditioner: the fp32 Gram carry G_n over chunks (G_0 = P_0⁻¹, P_final = G⁻¹)
     precond_exact        per chunk: P_n = G_n⁻¹ (Gauss-Jordan), I + K P_n Kᵀ = L D Lᵀ -> k̃ (ATK) or q̂ (ATQ)
-    curvature_query      CCQ q̂ from carried Σkkᵀ, Σk: per sequence, key head and BV columns of C, over chunks
+    curvature_state      CCQ sums C_n = Σkkᵀ, m_n = Σk at every chunk's start: per sequence, key head and [BK, BV] tile
+                         of C, over chunks
+    curvature_query      CCQ q̂ per chunk, key head and BV columns of C, in parallel, from C_n and m_n
     interaction          L' = E ⋆⁻ A (and Q ⋆ A for vector decay) on 16-row sub-blocks (vector decay: whole-chunk or
                          per-block products where the gates bound them, plan attribute diag_blocks; decay_keys fused)
     triangular_solve     T = (I + Diag(β)L')⁻¹Diag(β): forward substitution per 16×16 diagonal block,
@@ -49,7 +51,8 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
                          log-gate (per-channel pairs from bwd_intra; the delta family's c×c adjoints from bwd_solve,
                          its launch then bwd_key_grads; the additive family's score pairs as masked matmuls; dg =
                          reverse cumsum of db)
-    bwd_curvature_query  CCQ, forwards over chunks (the forward's carry rerun): the sums' share of dq, dλ
+    bwd_curvature_sums   CCQ: C_n, m_n formed again (the forward's curvature_state kernel), for bwd_curvature_query
+    bwd_curvature_query  CCQ, per chunk in parallel: the sums' share of dq, dλ
     bwd_curvature_key    CCQ, reverse over chunks with (D + Dᵀ)[:, cols] carried (anti-causal linear attention): dk, dm_0
     bwd_curvature_state  CCQ: dC_0 = dC_final − Σ_t S_t q_tᵀ
     bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
@@ -204,15 +207,21 @@ class Launch:
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
 # rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over
 # chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences ×
-# key heads: the curvature sums); state_keys (dv blocks × key-row blocks, sequences × value heads); output (dv blocks, NT,
+# key heads: the curvature sums' reverse passes); key_state_tiles (BK × BV tiles of a dk × dk state, sequences × key
+# heads: the curvature sums' state pass); key_chunk (blocks of BV columns of a dk × dk state, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output (dv blocks, NT,
 # HV).
+# the curvature sums' state pass: the forward's, and the backward's re-forming of C_n (bwd_curvature_sums) is the same
+# kernel and launch
+CURVATURE_STATE = Launch("curvature_state", "chunk_curvature_state_kernel", "key_state_tiles",
+                         "chunk_curvature_state.jinja")
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
     "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "seq_hp", "chunk_precond_diag.jinja"),
     "precond_gram": Launch("precond_gram", "chunk_precond_gram_kernel", "seq_hp", "chunk_precond_gram.jinja"),
     "precond_exact": Launch("precond_exact", "chunk_precond_exact_kernel", "chunk", "chunk_precond_exact.jinja"),
-    "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "key_state",
+    "curvature_state": CURVATURE_STATE,
+    "curvature_query": Launch("curvature_query", "chunk_curvature_query_kernel", "key_chunk",
                               "chunk_curvature_query.jinja"),
     "interaction": Launch("interaction", "chunk_interaction_kernel", "chunk", "chunk_interaction.jinja"),
     "wy": Launch("wy", "chunk_wy_kernel", "chunk", "chunk_wy.jinja"),
@@ -240,7 +249,8 @@ BACKWARD_RULES = {
     "bwd_intra": Launch("bwd_intra", "chunk_bwd_intra_kernel", "chunk_sub_keys", "chunk_bwd_intra.jinja"),
     "bwd_solve": Launch("bwd_solve", "chunk_bwd_solve_kernel", "chunk", "chunk_bwd_solve.jinja"),
     "bwd_grads": Launch("bwd_grads", "chunk_bwd_grad_kernel", "chunk_keys", "chunk_bwd_grad.jinja"),
-    "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "key_state",
+    "bwd_curvature_sums": CURVATURE_STATE,
+    "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "key_chunk",
                                   "chunk_bwd_curvature_query.jinja"),
     "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_state",
                                 "chunk_bwd_curvature_key.jinja"),
@@ -265,7 +275,7 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
                                [la.name for la in unfused_forward_launches(plan)]))
-    names += [la.name for la in (backward_launches(plan) if bplan else [])]
+    names = list(dict.fromkeys(names + [la.name for la in (backward_launches(plan) if bplan else [])]))
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route, ir.precond.kind)
 
 
@@ -424,7 +434,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
         "precond_diag": ["kt_buf", "an_buf"],
-        "curvature_query": ["qh_buf", "ql_buf", "corr_buf"] + (["mn_buf", "mq_buf"] if ir.read.centered else []),
+        "curvature_query": ["qh_buf", "ql_buf", "corr_buf"] + (["mq_buf"] if ir.read.centered else []),
         "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],

@@ -13,6 +13,8 @@ WHOLE_VALUE_ROWS = ("bwd_inputs",)
 # stages whose programs hold whole key rows, in two tiles of BK, next to a block of BV key channels (the curvature
 # sums): two BK must cover dk
 WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
+# of those, the chunk-parallel ones (the others are sequential over chunks)
+CHUNK_KEY_ROWS = ("curvature_query", "bwd_curvature_query")
 
 
 def _next_pow2(x: int) -> int:
@@ -234,6 +236,15 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and
         # 21 / 8 KB (not yet timed on a GPU; the backward's spill is its tiles' layout more than the warp count)
         return BK, bv_full, 8, 1
+    if name == "curvature_state":
+        # one [BK, BV] tile of C per program, one Kᵀ K product and a 16 KB store per chunk (at 64 × 64): 256 programs
+        # at B = 4, H = 16, dk = 128
+        return bk_block, min(64, BK), 4, 2
+    if name in CHUNK_KEY_ROWS:
+        # chunk-parallel (one program per chunk, key head and BV columns of C), whole key rows in two tiles of BK.
+        # Compile report (ccq_gdn, dk = 128, sm_90), registers / spill: BV 64 at 4 warps 255 / 0 (backward 250 / 0), at
+        # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B
+        return max(bk_block, BK // 2), min(64, BK), 8, 1
     if name in WHOLE_KEY_ROWS:
         # the curvature sums' passes (chunk_curvature_query.jinja, chunk_bwd_curvature_*.jinja): BV columns of the
         # dk × dk sums per program, their rows in two tiles of BK (as the state pass holds its state). BV 32 at dk = 128

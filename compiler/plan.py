@@ -18,7 +18,9 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
                       chunks; the fp32 carry is the Gram matrix, not P: no rank-c down-dates), P_final = G^-1
     precond_exact     per chunk, in parallel: P_n = G_n^-1, I + K P_n Kᵀ = L D Lᵀ (Cholesky without the square root)
                       [6] -> kw (ATK) or qp (ATQ)
-    curvature_query   CCQ statistics [4] -> read query qp, C/m/n finals
+    curvature_state   CCQ sums [4]: C_n = Σ kkᵀ (and m_n = Σ k) at every chunk's start, sequential over chunks (one
+                      [BK, BV] tile of C per program: no term couples its rows) -> Cn, m_n, C/m/n finals
+    curvature_query   CCQ read [4], per chunk, in parallel: q̂ = q − λ corr from Cn, m_n -> read query qp (a pair)
     interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
                       untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
     triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1} (fused into the
@@ -47,8 +49,8 @@ import sympy as sp
 
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
-STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_query",
-               "interaction", "triangular_solve", "wy", "decay_keys", "state_pass", "output")
+STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_state",
+               "curvature_query", "interaction", "triangular_solve", "wy", "decay_keys", "state_pass", "output")
 
 
 class PlanTypeError(Exception):
@@ -441,13 +443,34 @@ def rule_precond_exact(b: _Builder) -> None:
     b.outputs["P"] = b.op("P_final")  # type: ignore[assignment]
 
 
+def rule_curvature_state(b: _Builder) -> None:
+    if b.s.read != "curvature":
+        return
+    # the sums are an undecayed additive state pass whose value is the key (§4): C_(n+1) = C_n + K^T K couples no rows
+    # of C, so one program per [BK, BV] tile of it, sequence and key head, sequential over the chunks, whose only product
+    # per chunk is its tile's K^T K. C_n of every chunk goes to memory in fp32 (1024 B per token and head at dk = 128),
+    # so that curvature_query, which holds the products, runs chunk-parallel: as one sequential pass with those products
+    # inside it (P = tril(Q K^T), Q C_n as split products, P K) it was 0.57 ms of ccq_gdn's 3.4 ms step (H200, run 86)
+    bind = {"k": b.op("in:k") or "k", "C0": "C0", "m0": "m0", "n0": "n0"}
+    outs = [b.new("Cn", "[B,NT,H,dk,dk]", "fp32")]
+    if b.ir.read.centered:
+        outs.append(b.new("m_n", "[B,NT,H,dk]", "fp32"))
+    outs += [b.new("C_final", "[N,H,dk,dk]", "fp32"), b.new("m_final", "[N,H,dk]", "fp32"),
+             b.new("n_final", "[N]", "fp32")]
+    b.add("curvature_state", "curvature_state", bind, outs, sequential="chunks",
+          tiles="BK rows x BV columns of C per sequence and key head",
+          form="C_(n+1) = C_n + K^T K; m_(n+1) = m_n + K^T 1; C_n (and m_n) of every chunk stored")
+    b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
+
+
 def rule_curvature_query(b: _Builder) -> None:
     if b.s.read != "curvature":
         return
-    bind = {"q": b.op("in:q") or "q", "k": b.op("in:k") or "k", "lam": b.op("lam"), "C0": "C0", "m0": "m0",
-            "n0": "n0"}
-    # the sums are an undecayed additive linear attention whose value is the key (§4): tiled as a state pass, C's
-    # columns in blocks, one program per block, sequence and key head (λ, per value head, enters only q̂)
+    bind = {"q": b.op("in:q") or "q", "k": b.op("in:k") or "k", "lam": b.op("lam"), "Cn": b.op("Cn"), "n0": "n0"}
+    if b.ir.read.centered:
+        bind["m_n"] = b.op("m_n")
+    # per chunk, key head and BV columns of C, chunk-parallel from curvature_state's C_n (λ, per value head, enters
+    # only q̂)
     # q̂ as a pair in the input dtype, q̂ = qp + qp_lo (qp rounded to nearest, qp_lo the remainder rounded toward zero,
     # so that qp + qp_lo rounds back to qp; ~16 bits in all):
     # λ·corr is a small share of q̂ that one 16-bit store would round away where the backward sums q̂ ⊙ dq̂ in fp32,
@@ -458,19 +481,15 @@ def rule_curvature_query(b: _Builder) -> None:
     # re-forming it (8 of that kernel's 15 products per step). It is formed with C and P split into two input-dtype
     # products each (C = C_hi + C_lo), as dλ needs: single products put dλ ~1000× further from the float64 value at the
     # kernel level (benchmarks/NOTES.md, thirteenth session)
-    outs = [b.new("qp", "[B,T,HV,dk]", "in"), b.new("qp_lo", "[B,T,HV,dk]", "in"),
-            b.new("C_final", "[N,H,dk,dk]", "fp32"), b.new("m_final", "[N,H,dk]", "fp32"), b.new("n_final", "[N]", "fp32"),
-            b.new("corr", "[B,T,H,dk]", "fp32")]
+    outs = [b.new("qp", "[B,T,HV,dk]", "in"), b.new("qp_lo", "[B,T,HV,dk]", "in"), b.new("corr", "[B,T,H,dk]", "fp32")]
     if b.ir.read.centered:
-        # the backward's passes rerun the C carry but carry no m: a training step leaves them m_n per chunk and mᵀq
-        # per token (as plan outputs, so the memory model keeps them with q̂ and nothing of this stage is rerun)
-        outs += [b.new("m_n", "[B,NT,H,dk]", "fp32"), b.new("mq", "[B,T,H]", "fp32")]
+        # bwd_curvature_key carries no m: a training step leaves it mᵀq per token
+        outs.append(b.new("mq", "[B,T,H]", "fp32"))
     b.add("curvature_query", "curvature_query", bind, outs,
-          centered=b.ir.read.centered, sequential="chunks", tiles="BV columns of C per sequence and key head",
+          centered=b.ir.read.centered, tiles="BV columns of C per chunk and key head",
           form="corr = (Q (C_n,hi + C_n,lo) + (P_hi + P_lo) K) / tau, P = tril(Q K^T)" +
-          (" - M (m^T q) / tau^2" if b.ir.read.centered else "") + "; qp + qp_lo = q - lam corr; C_(n+1) = C_n + K^T K")
+          (" - M (m^T q) / tau^2" if b.ir.read.centered else "") + "; qp + qp_lo = q - lam corr")
     b.roles["q_read"] = b.roles["qp"]
-    b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
 
 def _subchunk(b: _Builder) -> bool:
@@ -692,8 +711,8 @@ def _output_in_state_pass(b: _Builder) -> bool:
 
 # Order is data dependence; each rule decides from the Structure whether its stage appears.
 STAGE_RULES: tuple[Callable[[_Builder], None], ...] = (
-    rule_l2norm, rule_gates, rule_chunk_cumsum, rule_precond_diag, rule_precond_exact, rule_curvature_query,
-    rule_interaction, rule_triangular_solve, rule_wy, rule_decay_keys, rule_state_pass, rule_output,
+    rule_l2norm, rule_gates, rule_chunk_cumsum, rule_precond_diag, rule_precond_exact, rule_curvature_state,
+    rule_curvature_query, rule_interaction, rule_triangular_solve, rule_wy, rule_decay_keys, rule_state_pass, rule_output,
 )
 
 _STATE_OPERANDS = {"S": ("S0", "[N,HV,dk,dv]"), "A": ("A0", None), "P": ("P0", "[N,H,dk,dk]"),
@@ -784,7 +803,7 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_solve", "bwd_grads",
-                  "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag",
+                  "bwd_curvature_sums", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state", "bwd_precond_diag",
                   "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
@@ -1052,10 +1071,24 @@ def _centered(p: Plan) -> bool:
     return bool(p.find("curvature_query")[0].attr("centered"))
 
 
+def _bwd_curvature_sums(p: Plan) -> Stage | None:
+    # C_n (and m_n) re-formed as the forward formed them (its curvature_state kernel), where bwd_curvature_query reads
+    # them: C_n is dk·dk per chunk and key head (268 MB at the reference shape), so neither kept from the forward nor
+    # rerun with the forward's stages at the backward's start, where it would be live across the chunk gradients' peak
+    if not p.find("curvature_state"):
+        return None
+    outs = (Operand("Cn_b", "[B,NT,H,dk,dk]", "fp32"),) + \
+        ((Operand("m_n_b", "[B,NT,H,dk]", "fp32"),) if _centered(p) else ())
+    return Stage("bwd_curvature_sums", "bwd_curvature_sums", (), outs,
+                 (("form", "curvature_state rerun: C_(n+1) = C_n + K^T K; m_(n+1) = m_n + K^T 1"),
+                  ("reforms", "curvature_state"), ("sequential", "chunks"),
+                  ("tiles", "BK rows x BV columns of C per sequence and key head")))
+
+
 def _bwd_curvature_query(p: Plan) -> Stage | None:
-    # The forward's carry rerun (C_n is dk·dk per chunk and key head: 268 MB at the reference shape, were it kept), in
-    # the forward's tiling; it needs the adjoint of q̂, so it runs after bwd_grads. The sums are per key head: so is
-    # their share of dq (bwd_inputs adds it to the group's first value head), and S, which the later passes read.
+    # Per chunk, in parallel, from the re-formed C_n; it needs the adjoint of q̂, so it runs after bwd_grads. The sums
+    # are per key head: so is their share of dq (bwd_inputs adds it to the group's first value head), and S, which the
+    # later passes read.
     if not p.find("curvature_query"):
         return None
     centered = _centered(p)
@@ -1065,12 +1098,12 @@ def _bwd_curvature_query(p: Plan) -> Stage | None:
         outs += (Operand("ms", "[B,T,H]", "fp32"),)
     form = "S = sum_hv (lam_hv / tau) dqp_hv = S_hi + S_lo; dq_c = -(S C_n + tril(S K^T) K)" + \
         (" + M (m^T S) / tau" if centered else "") + "; dlam = -<dqp, corr>"
-    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reruns", "curvature_query's C carry"),
-                                          ("sequential", "chunks"), ("tiles", "BV columns of C per sequence and key head"),
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("tiles", "BV columns of C per chunk and key head"),
                                           ("key_blocks", "dlam as partial sums"))
-    # corr as the forward formed it; m_n per chunk (centred), which the forward leaves for a training step
-    attrs += (("reads", ("curvature_query.corr",) + (("curvature_query.m_n",) if centered else ())),)
-    return Stage("bwd_curvature_query", "bwd_curvature_query", ("dqp",), outs, attrs)
+    # corr as the forward formed it
+    attrs += (("reads", ("curvature_query.corr",)),)
+    ins = ("dqp", "Cn_b") + (("m_n_b",) if centered else ())
+    return Stage("bwd_curvature_query", "bwd_curvature_query", ins, outs, attrs)
 
 
 def _bwd_curvature_key(p: Plan) -> Stage | None:
@@ -1142,8 +1175,8 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "dY", "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
-    adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_query(p), _bwd_curvature_key(p),
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "dY", "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
+    adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_sums(p), _bwd_curvature_query(p), _bwd_curvature_key(p),
                              _bwd_precond_diag(p), _bwd_precond_exact(p), _bwd_precond_gram(p)) if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
@@ -1157,8 +1190,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
-    _bwd_local_values, _bwd_state_pass, _bwd_values, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_query,
-    _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
+    _bwd_local_values, _bwd_state_pass, _bwd_values, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_sums,
+    _bwd_curvature_query, _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
 )
 
 
@@ -1188,7 +1221,7 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 # in a model).
 BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
 PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_solve": 1, "bwd_grads": 1,
-            "bwd_curvature_query": 2, "bwd_curvature_key": 2, "bwd_curvature_state": 2, "bwd_precond_diag": 2,
+            "bwd_curvature_sums": 2, "bwd_curvature_query": 2, "bwd_curvature_key": 2, "bwd_curvature_state": 2, "bwd_precond_diag": 2,
             "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
 PEAK_PHASE = 1
 
@@ -1201,7 +1234,7 @@ RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan"
 RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
                   "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
                   "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",
-                  "curvature_query": "scan", "state_pass": "state_pass"}
+                  "curvature_state": "scan", "curvature_query": "chunk_matmul", "state_pass": "state_pass"}
 
 # The last backward phase that reads a forward operand: the WY operands (W: the reverse state pass; Ũ: the rerun of
 # the forward's), the decayed keys (the state passes) and the decayed scores Q⋆A (bwd_local_values) only the state
@@ -1299,12 +1332,19 @@ MEMORY_RULES: tuple[Callable[[Plan, list[Stage], set[str], set[str]], str | None
 def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision, ...]:
     """Per forward stage kind but the output, in the plan's order: keep or recompute, the kept operands and why."""
     read = {r for st in stages for r in st.attr("reads", ())}
+    reformed = {st.attr("reforms"): st.kind for st in stages if st.attr("reforms")}
     rerun: set[str] = set()
     out = []
     for kind in dict.fromkeys(k for k in plan.kinds() if k != "output"):
         sts = plan.find(kind)
-        why = next((w for rule in MEMORY_RULES if (w := rule(plan, sts, rerun, read)) is not None), None)
         kept: tuple[Operand, ...] = ()
+        if kind in reformed:
+            # a backward stage forms its outputs again where they are read (after the peak): neither kept nor rerun
+            out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, False,
+                                      f"{RECOMPUTE_COST[kind]}: formed again by {reformed[kind]} where it is read, "
+                                      "after the peak: not kept, not rerun", PEAK_PHASE + 1))
+            continue
+        why = next((w for rule in MEMORY_RULES if (w := rule(plan, sts, rerun, read)) is not None), None)
         if why is not None:
             rerun.add(kind)
         else:
@@ -1404,19 +1444,32 @@ def _tc_precond_gram(st: Stage, t: dict[str, Operand]) -> None:
         raise PlanTypeError(f"{st.name}: P0 and P_final must agree, G_n be [B,NT,H,dk,dk]")
 
 
+def _per_key_head(st: Stage, op: Operand) -> None:
+    _token(op, "dk", st.name)
+    # the sums, and every pass over them, are tiled per key head (λ alone is per value head)
+    if op.dims[:3] != ("B", "T", "H"):
+        raise PlanTypeError(f"{st.name}: {op} must be per key head: the curvature sums are")
+
+
+def _tc_curvature_state(st: Stage, t: dict[str, Operand]) -> None:
+    _per_key_head(st, t[st.bind["k"]])
+    if st.outputs[0].shape != "[B,NT,H,dk,dk]":
+        raise PlanTypeError(f"{st.name}: C_n {st.outputs[0]} must be [B,NT,H,dk,dk]")
+    finals = st.outputs[-3:]
+    for n, o in zip("Cmn", finals, strict=True):
+        if t[f"{n}0"].shape != o.shape:
+            raise PlanTypeError(f"{st.name}: {n}0 and {n}_final differ")
+
+
 def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
     for r in ("q", "k"):
-        _token(t[st.bind[r]], "dk", st.name)
-        # the sums, and every pass over them, are tiled per key head (λ alone is per value head)
-        if t[st.bind[r]].dims[:3] != ("B", "T", "H"):
-            raise PlanTypeError(f"{st.name}: {t[st.bind[r]]} must be per key head: the curvature sums are")
+        _per_key_head(st, t[st.bind[r]])
+    if t[st.bind["Cn"]].shape != "[B,NT,H,dk,dk]":
+        raise PlanTypeError(f"{st.name}: C_n {t[st.bind['Cn']]} must be [B,NT,H,dk,dk]")
     if st.outputs[0].shape != "[B,T,HV,dk]":
         raise PlanTypeError(f"{st.name}: the read query {st.outputs[0]} must be [B,T,HV,dk]")
     if st.outputs[1].shape != st.outputs[0].shape or st.outputs[1].dtype != st.outputs[0].dtype:
         raise PlanTypeError(f"{st.name}: q̂'s remainder {st.outputs[1]} must be typed as q̂ {st.outputs[0]}")
-    for n in ("C", "m", "n"):
-        if t[f"{n}0"].shape != st.outputs[2 + "Cmn".index(n)].shape:
-            raise PlanTypeError(f"{st.name}: {n}0 and {n}_final differ")
 
 
 def _tc_interaction(st: Stage, t: dict[str, Operand]) -> None:
@@ -1481,7 +1534,8 @@ def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
 
 TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
     "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
-    "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_query": _tc_curvature,
+    "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_state": _tc_curvature_state,
+    "curvature_query": _tc_curvature,
     "interaction": _tc_interaction,
     "triangular_solve": _tc_triangular_solve, "wy": _tc_wy, "decay_keys": _tc_decay_keys, "state_pass": _tc_state_pass,
     "output": _tc_output,

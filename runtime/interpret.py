@@ -321,40 +321,61 @@ def exact_precond_backward(k: torch.Tensor, a: torch.Tensor, P0: torch.Tensor, d
     return {"dk": dk, "da": da, "dP0": dP0}
 
 
-def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """§4: CQ = Q Ĉ_n + tril(QKᵀ) K, mq = Q m̂_n + tril(QKᵀ) 1, M = m̂_n + cumsum K; τ = n_0 + t."""
+def run_curvature_state(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§4: the sums at every chunk's start, Ĉ_n = C_0 + Σ KᵀK and m̂_n = m_0 + Σ Kᵀ1 over the earlier chunks."""
     C = _expand_heads(vals["C0"], ctx.G)  # type: ignore[arg-type]
     m = _expand_heads(vals["m0"], ctx.G)  # type: ignore[arg-type]
     n = vals["n0"]
     assert isinstance(n, torch.Tensor)
+    c_starts, m_starts = [], []
+    for _, s, e, x in _chunks_of(ctx, vals, st, "k"):
+        K = x["k"]
+        assert K is not None
+        c_starts.append(C[:, ::ctx.G])
+        m_starts.append(m[:, ::ctx.G])
+        C = C + K.mT @ K
+        m = m + K.sum(-2)
+        n = n + (e - s)
+    out = {st.outputs[0].name: torch.stack(c_starts, dim=1)}
+    finals = st.outputs[-3:]
+    if len(st.outputs) == 5:  # centred: m_n per chunk too
+        out[st.outputs[1].name] = torch.stack(m_starts, dim=1)
+    out.update({finals[0].name: C[:, ::ctx.G], finals[1].name: m[:, ::ctx.G], finals[2].name: n})
+    return out
+
+
+def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§4: CQ = Q Ĉ_n + tril(QKᵀ) K, mq = Q m̂_n + tril(QKᵀ) 1, M = m̂_n + cumsum K; τ = n_0 + t."""
+    Cn = vals[st.bind["Cn"]]
+    mn = vals[st.bind["m_n"]] if st.role("m_n") is not None else None
+    n = vals["n0"]
+    assert isinstance(n, torch.Tensor) and isinstance(Cn, torch.Tensor)
     centered = st.attr("centered")
-    pieces, m_starts, mqs, corrs = [], [], [], []
-    for _, s, e, x in _chunks_of(ctx, vals, st, "q", "k", "lam"):
+    pieces, mqs, corrs = [], [], []
+    for i, (_, s, e, x) in enumerate(_chunks_of(ctx, vals, st, "q", "k", "lam")):
         Q, K, lam = x["q"], x["k"], x["lam"]
         assert Q is not None and K is not None and lam is not None
+        C = _expand_heads(Cn[:, i], ctx.G)
         c = e - s
         tau = (n.reshape(-1, 1, 1, 1) + torch.arange(1, c + 1, dtype=DTYPE).reshape(1, 1, c, 1))
         P = (Q @ K.mT).tril()
         corr = (Q @ C + P @ K) / tau
         if centered:
+            assert isinstance(mn, torch.Tensor)
+            m = _expand_heads(mn[:, i], ctx.G)
             mq = (Q @ m.unsqueeze(-1)) + P.sum(-1, keepdim=True)
             Mrows = m.unsqueeze(-2) + torch.cumsum(K, dim=-2)
             corr = corr - (mq / tau**2) * Mrows
-            m_starts.append(m[:, ::ctx.G])
             mqs.append(mq[:, ::ctx.G, :, 0].transpose(1, 2))
         pieces.append((Q - lam * corr).transpose(1, 2))
         corrs.append(corr[:, ::ctx.G].transpose(1, 2))
-        C = C + K.mT @ K
-        m = m + K.sum(-2)
         n = n + c
     qp = torch.cat(pieces, dim=1)
     # in float64 the pair's first part holds q̂ exactly, its remainder is zero
-    out = {st.outputs[0].name: qp, st.outputs[1].name: torch.zeros_like(qp), st.outputs[2].name: C[:, ::ctx.G],
-           st.outputs[3].name: m[:, ::ctx.G], st.outputs[4].name: n,
-           st.outputs[5].name: torch.cat(corrs, dim=1)}  # corr per key head, for the backward's dλ
-    if centered:  # what a training step leaves the backward's passes: m_n per chunk, mᵀq per token
-        out[st.outputs[6].name] = torch.stack(m_starts, dim=1)
-        out[st.outputs[7].name] = torch.cat(mqs, dim=1)
+    out = {st.outputs[0].name: qp, st.outputs[1].name: torch.zeros_like(qp),
+           st.outputs[2].name: torch.cat(corrs, dim=1)}  # corr per key head, for the backward's dλ
+    if centered:  # what a training step leaves the reverse pass: mᵀq per token
+        out[st.outputs[3].name] = torch.cat(mqs, dim=1)
     return out
 
 
@@ -496,6 +517,7 @@ STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value
     "precond_diag": run_precond_diag,
     "precond_gram": run_precond_gram,
     "precond_exact": run_precond_exact,
+    "curvature_state": run_curvature_state,
     "curvature_query": run_curvature_query,
     "interaction": run_interaction,
     "triangular_solve": run_triangular_solve,

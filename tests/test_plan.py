@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dgps.compiler.ir import kernel_ir
-from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_plan, format_plan, plan_to_dot, typecheck
+from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_backward_plan, build_plan, format_plan, plan_to_dot, typecheck
 from dgps.runtime.api import Recurrence, load
 from dgps.runtime.interpret import decayed_scores, exact_precond_backward, run_plan, untied_chunk_backward
 from dgps.runtime.reference import reference, state_shapes
@@ -158,13 +158,20 @@ def test_pgdn_adds_precond_diag_feeding_the_write_key():
 
 
 def test_ccq_adds_curvature_query_feeding_the_output_query():
-    for name, base, extra in (("ccq_gdn", "gdn", Counter(curvature_query=1)),
-                              ("ccq_gla", "gla", Counter(curvature_query=1, l2norm=1))):
+    for name, base, extra in (("ccq_gdn", "gdn", Counter(curvature_state=1, curvature_query=1)),
+                              ("ccq_gla", "gla", Counter(curvature_state=1, curvature_query=1, l2norm=1))):
         p = plan(name)
         assert Counter(p.kinds()) - Counter(plan(base).kinds()) == extra
         cq = p.stage("curvature_query")
         assert p.stage("output").role("Q") == cq.outputs[0].name
         assert p.graph.has_edge(cq, p.stage("output"))
+        # the sums' state pass feeds the chunk-parallel read; the backward forms its C_n again where it reads them
+        cs = p.stage("curvature_state")
+        assert p.graph.has_edge(cs, cq) and cs.outputs[0].shape == "[B,NT,H,dk,dk]"
+        bp = build_backward_plan(p)
+        assert bp is not None and "curvature_state" not in bp.recomputed
+        assert not next(m for m in bp.memory if m.kind == "curvature_state").kept
+        assert bp.kinds().index("bwd_curvature_sums") == bp.kinds().index("bwd_curvature_query") - 1
         # the write path is unchanged: nothing on it reads q̂ (vector decay: only the interaction's Q⋆A does)
         for s in p.stages():
             if s.kind in ("triangular_solve", "wy", "state_pass"):

@@ -29,6 +29,7 @@ CHUNK = [s for s in SPECS if supports_chunk(dgps.load(SPEC_DIR / f"{s}.dgps").ir
 BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pass": "chunk_bwd_state_kernel",
               "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
               "bwd_solve": "chunk_bwd_solve_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
+              "bwd_curvature_sums": "chunk_curvature_state_kernel",  # the forward's kernel, run again
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
               "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
               "bwd_curvature_state": "chunk_bwd_curvature_state_kernel",

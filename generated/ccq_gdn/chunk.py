@@ -203,6 +203,75 @@ def chunk_cumsum_kernel(
     b_g = tl.cumsum(b_g, axis=0)
     tl.store(g_buf + t0 * HV + ((o_t) * HV + i_hv), b_g, mask=m_r)
 
+# ---- stage curvature_state (docs/chunk_forms.md §4): the carried sums C_n = Σ_{j<n's start} k_j k_jᵀ, m_n = Σ k_j ---------------
+#   An undecayed additive state pass whose value is the key: C_{n+1} = C_n + Kᵀ K couples no rows of C, so each
+#   program holds one [BK, BV] tile (BK key rows × BV columns) of one sequence and key head, sequential over its
+#   chunks; its only product per chunk is that tile's Kᵀ K. Every chunk's C_n goes to memory in fp32 (the
+#   chunk-parallel curvature_query forms its products from it; the backward re-forms it the same way,
+#   bwd_curvature_sums); m_n from the row blocks' first column block (its BK entries).
+@triton.jit
+def chunk_curvature_state_kernel(
+    c0, c_out, m0, m_out, mn_buf, cn_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    i_kb = tl.program_id(0) // tl.cdiv(DK, BV)
+    i_c = tl.program_id(0) % tl.cdiv(DK, BV)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_k = i_kb * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    o_c = i_c * BV + tl.arange(0, BV)
+    m_c = o_c < DK
+    m_kc = m_k[:, None] & m_c[None, :]
+    b_C = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.)
+    b_m = tl.load(m0 + (i_n * H + i_h) * DK + o_k, mask=m_k, other=0.)
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = 0
+        while i_tc < n_tc:
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            p_cn = cn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
+            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_k = _b_k_k
+            if i_c == 0:
+                tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m, mask=m_k)
+            b_m += tl.sum(b_k.to(tl.float32), 0)
+            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+            b_kc = _b_kc_k
+            b_C += _mm(tl.trans(b_k), b_kc, DT_ID)
+
+            i_tc += 1
+    else:
+        # a for loop, so that Triton software-pipelines the loads of the next chunk
+        for i_tc in range(0, n_tc):
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            p_cn = cn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
+            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_k = _b_k_k
+            if i_c == 0:
+                tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m, mask=m_k)
+            b_m += tl.sum(b_k.to(tl.float32), 0)
+            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+            b_kc = _b_kc_k
+            b_C += _mm(tl.trans(b_k), b_kc, DT_ID)
+
+    if STORE_FINAL:
+        tl.store(c_out + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_C, mask=m_kc)
+        if i_c == 0:
+            tl.store(m_out + (i_n * H + i_h) * DK + o_k, b_m, mask=m_k)
 # ---- the curvature passes' split products -------------------------------------------------------------------------
 @triton.jit
 def _hi(x, DT_ID: tl.constexpr):
@@ -249,197 +318,87 @@ def _mm_hilo(a, b, a_lo, b_lo, DT_ID: tl.constexpr):
         return _mm(a, b, DT_ID)
 
 
-# ---- stage curvature_query (docs/chunk_forms.md §4): q̂ = q − λ(C q/τ − m(mᵀq)/τ²) from carried Σkkᵀ, Σk --------
-#   An undecayed additive linear attention whose value is the key: C_t q = C_n q + Σ_{j≤t} k_j (k_jᵀ q). One program
-#   per (sequence, key head, BV columns of C), sequential over chunks, in the state pass's tiling: C[:, cols] is
-#   carried as up to 2 [BK, BV] fp32 tiles of BK key rows (b_C0, b_C1), m as as many [BK] pieces (mᵀq sums over
-#   all of dk). Per chunk the scores P = tril(Q Kᵀ) over all of dk (each column block re-forms them: one 64×64
-#   product), corr[:, cols] = (Q C[:, cols] + P K[:, cols]) / τ, and q̂[:, cols] for every value head of the group (the
-#   sums are per key head, λ per value head). For a training step corr goes to memory (fp32, per key head: the
-#   backward's dλ reads it; C and P enter it as input-dtype pairs), with m_n and mᵀq; the backward reruns the C carry.
+# ---- stage curvature_query (docs/chunk_forms.md §4): q̂ = q − λ(C q/τ − m(mᵀq)/τ²) from the carried sums, chunk-parallel ----------
+#   An undecayed additive linear attention whose value is the key: C_t q = C_n q + Σ_{j≤t} k_j (k_jᵀ q), with C_n#   and m_n from curvature_state. One program per (chunk, key head, BV columns of C): the scores P = tril(Q Kᵀ) over all of
+#   dk (each column block forms them), corr[:, cols] = (Q C_n[:, cols] + P K[:, cols]) / τ − M[:, cols] (mᵀq) / τ², M the
+#   running sums of k, and q̂[:, cols] for every value head of the group (the sums are per key head, λ per value head).
+#   For a training step corr goes to memory (fp32, per key head: the backward's dλ reads it; C_n and P enter it as
+#   input-dtype pairs), with mᵀq.
 @triton.jit
 def chunk_curvature_query_kernel(
-    p_lam, qh_buf, ql_buf, c0, c_out, m0, m_out, n0, mn_buf, mq_buf, corr_buf, pn_q, pn_k, cu_seqlens,
-    chunk_offsets, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
-    KEEP: tl.constexpr,
+    p_lam, qh_buf, ql_buf, n0, mn_buf, mq_buf, corr_buf, cn_buf, pn_q, pn_k, cu_seqlens, chunk_indices,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, KEEP: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
-    i_c = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
+    i_cb = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_h = tl.program_id(2)
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
     o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
     o_kb = tl.arange(0, BK)
-    o_c = i_c * BV + tl.arange(0, BV)
+    o_c = i_cb * BV + tl.arange(0, BV)
     m_c = o_c < DK
+    m_rc = m_r[:, None] & m_c[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
+    p_cn = cn_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
+    p_mn = mn_buf + (i_c * H + i_h) * DK
+    _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.).to(tl.float32)
+    b_qc = _b_qc_q__raw
+    _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+    b_kc = _b_kc_k
+    # the key blocks: their share of the scores, of Q C_n and of mᵀq (whole key rows)
     o_k = o_kb
     m_k = o_k < DK
-    b_C0 = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
-    b_m0 = tl.load(m0 + (i_n * H + i_h) * DK + o_k, mask=m_k, other=0.)
+    _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_q = _b_q_q__raw
+    _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_k = _b_k_k
+    b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_P = _mm(b_q, tl.trans(b_k), DT_ID)
+    # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
+    # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
+    b_QC = _mm_split_b(b_q, b_C, DT_ID)
+    b_mq = tl.sum(b_q.to(tl.float32) * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_C1 = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
-        b_m1 = tl.load(m0 + (i_n * H + i_h) * DK + o_k, mask=m_k, other=0.)
+        _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_q = _b_q_q__raw
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_k = _b_k_k
+        b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        b_P += _mm(b_q, tl.trans(b_k), DT_ID)
+        b_QC += _mm_split_b(b_q, b_C, DT_ID)
+        b_mq += tl.sum(b_q.to(tl.float32) * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
 
-    b_mc = tl.load(m0 + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
-    b_n0 = tl.load(n0 + i_n)
-    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            # absolute rows: the split form's hoisted int32 offset tiles stay live across the loop (more registers here)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.).to(tl.float32)
-            b_qc = _b_qc_q__raw
-            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_kc = _b_kc_k
-            # each key block is done with in one go: its share of the scores, of Q C_n and of mᵀq, then its rows of C
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
-            # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
-            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
-            b_mq = tl.sum(b_q.to(tl.float32) * b_m0[None, :], 1)
-            if KEEP:  # m_n per chunk, for the backward's passes (which carry no m), from column block 0
-                if i_c == 0:
-                    tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m0, mask=m_k)
-            b_m0 += tl.sum(b_k.to(tl.float32), 0)
-            b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
-                b_mq += tl.sum(b_q.to(tl.float32) * b_m1[None, :], 1)
-                if KEEP:  # m_n per chunk, for the backward's passes (which carry no m), from column block 0
-                    if i_c == 0:
-                        tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m1, mask=m_k)
-                b_m1 += tl.sum(b_k.to(tl.float32), 0)
-                b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            b_P = tl.where(m_le, b_P, 0.)
-            b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
-            b_mq += tl.sum(b_P, 1)
-            b_M = b_mc[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
-            b_corr = b_corr - (b_mq / (b_tau * b_tau))[:, None] * b_M
-            if KEEP:  # and mᵀq per token
-                if i_c == 0:
-                    tl.store(mq_buf + rows * H + i_h, b_mq, mask=m_r)
-            if KEEP:  # corr for the backward's dλ (per key head; λ enters per value head below)
-                tl.store(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_corr, mask=m_r[:, None] & m_c[None, :])
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
-                b_qh = b_qc - b_lam[:, None] * b_corr
-                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
-                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
-                         _remainder_for(b_qh, b_hi, ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
-            b_mc += tl.sum(b_kc.to(tl.float32), 0)
-
-            i_tc += 1
-    else:
-        # a for loop, so that Triton software-pipelines the loads of the next chunk
-        for i_tc in range(0, n_tc):
-            # absolute rows: the split form's hoisted int32 offset tiles stay live across the loop (more registers here)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.).to(tl.float32)
-            b_qc = _b_qc_q__raw
-            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_kc = _b_kc_k
-            # each key block is done with in one go: its share of the scores, of Q C_n and of mᵀq, then its rows of C
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_P = _mm(b_q, tl.trans(b_k), DT_ID)
-            # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
-            # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
-            b_QC = _mm_split_b(b_q, b_C0, DT_ID)
-            b_mq = tl.sum(b_q.to(tl.float32) * b_m0[None, :], 1)
-            if KEEP:  # m_n per chunk, for the backward's passes (which carry no m), from column block 0
-                if i_c == 0:
-                    tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m0, mask=m_k)
-            b_m0 += tl.sum(b_k.to(tl.float32), 0)
-            b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_P += _mm(b_q, tl.trans(b_k), DT_ID)
-                b_QC += _mm_split_b(b_q, b_C1, DT_ID)
-                b_mq += tl.sum(b_q.to(tl.float32) * b_m1[None, :], 1)
-                if KEEP:  # m_n per chunk, for the backward's passes (which carry no m), from column block 0
-                    if i_c == 0:
-                        tl.store(mn_buf + ((c_first + i_tc) * H + i_h) * DK + o_k, b_m1, mask=m_k)
-                b_m1 += tl.sum(b_k.to(tl.float32), 0)
-                b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            b_P = tl.where(m_le, b_P, 0.)
-            b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
-            b_mq += tl.sum(b_P, 1)
-            b_M = b_mc[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
-            b_corr = b_corr - (b_mq / (b_tau * b_tau))[:, None] * b_M
-            if KEEP:  # and mᵀq per token
-                if i_c == 0:
-                    tl.store(mq_buf + rows * H + i_h, b_mq, mask=m_r)
-            if KEEP:  # corr for the backward's dλ (per key head; λ enters per value head below)
-                tl.store(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_corr, mask=m_r[:, None] & m_c[None, :])
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
-                b_qh = b_qc - b_lam[:, None] * b_corr
-                b_hi = _cast_for(b_qh, qh_buf, DT_ID)
-                tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_r[:, None] & m_c[None, :])
-                tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :],
-                         _remainder_for(b_qh, b_hi, ql_buf, DT_ID), mask=m_r[:, None] & m_c[None, :])
-            b_mc += tl.sum(b_kc.to(tl.float32), 0)
-
-    if STORE_FINAL:
-        o_k = o_kb
-        m_k = o_k < DK
-        tl.store(c_out + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_C0, mask=m_k[:, None] & m_c[None, :])
-
-        if DK > 1 * BK:
-            o_k = 1 * BK + o_kb
-            m_k = o_k < DK
-            tl.store(c_out + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_C1, mask=m_k[:, None] & m_c[None, :])
-
-        tl.store(m_out + (i_n * H + i_h) * DK + o_c, b_mc, mask=m_c)
+    b_P = tl.where(m_le, b_P, 0.)
+    b_tau = tl.load(n0 + i_n) + (i_tc * BT + o_t + 1).to(tl.float32)
+    b_corr = (b_QC + _mm_split_a(b_P, b_kc, DT_ID)) / b_tau[:, None]
+    b_mq += tl.sum(b_P, 1)
+    b_M = tl.load(p_mn + o_c, mask=m_c, other=0.)[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
+    b_corr = b_corr - (b_mq / (b_tau * b_tau))[:, None] * b_M
+    if KEEP:  # and mᵀq per token
+        if i_cb == 0:
+            tl.store(mq_buf + rows * H + i_h, b_mq, mask=m_r)
+    if KEEP:  # corr for the backward's dλ (per key head; λ enters per value head below)
+        tl.store(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_corr, mask=m_rc)
+    for i_g in tl.static_range(G):
+        i_hv = i_h * G + i_g
+        _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+        b_lam = _b_lam_lam
+        # q̂ as its rounding to the input dtype and the remainder (compiler/plan.py: rule_curvature_query)
+        b_qh = b_qc - b_lam[:, None] * b_corr
+        b_hi = _cast_for(b_qh, qh_buf, DT_ID)
+        tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_rc)
+        tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], _remainder_for(b_qh, b_hi, ql_buf, DT_ID), mask=m_rc)
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
 # (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja)
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
@@ -1409,190 +1368,100 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
     tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
-# ---- backward stage bwd_curvature_query (docs/chunk_forms.md §4): the forward's C carry rerun, forwards over the chunks,
-#   per (sequence, key head, BV columns of C), C[:, cols] as up to 2 [BK, BV] tiles of BK key rows. With G_hv = dq̂_hv
-#   and S = Σ_hv (λ_hv/τ) G_hv (per key head):
+# ---- backward stage bwd_curvature_query (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns of C),
+#   with C_n and m_n as bwd_curvature_sums re-formed them, C_n as up to 2 [BK, BV] tiles of BK key rows. With
+#   G_hv = dq̂_hv and S = Σ_hv (λ_hv/τ) G_hv (per key head):
 #     dq = Σ_hv G_hv − (C_tᵀ S − m_t (m_tᵀS)/τ),   C_tᵀ S = S C_n + tril(S Kᵀ) K in rows;   dλ_hv = −⟨G_hv, corr⟩
 #   The bracket (per key head) goes to aqc_buf; bwd_inputs adds it to the group's first value head's q. dλ sums over
 #   every key channel: each column block writes its partial sum (NKC of them, added in a fixed order by bwd_inputs: no
 #   atomics, bitwise deterministic); corr is the forward's (re-forming it here took 8 of 15 products per step).
 #   S[:, cols] goes to memory as two input-dtype halves for the later passes, and column block 0
-#   writes mᵀS per token; m_n comes from the forward (no m carry here).
+#   writes mᵀS per token.
 @triton.jit
 def chunk_bwd_curvature_query_kernel(
-    p_lam, c0, n0, aqc_buf, mn_buf, ms_buf, sh_buf, sl_buf, corr_buf, aq_buf, alam_buf, pn_k, cu_seqlens,
-    chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    p_lam, n0, aqc_buf, mn_buf, ms_buf, sh_buf, sl_buf, corr_buf, cn_buf, aq_buf, alam_buf, pn_k, cu_seqlens,
+    chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
-    i_c = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
+    i_cb = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_h = tl.program_id(2)
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
     o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
     o_kb = tl.arange(0, BK)
-    o_c = i_c * BV + tl.arange(0, BV)
+    o_c = i_cb * BV + tl.arange(0, BV)
     m_c = o_c < DK
+    m_rc = m_r[:, None] & m_c[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
+    p_cn = cn_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
+    p_mn = mn_buf + (i_c * H + i_h) * DK
+    _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+    b_kc = _b_kc_k
+    b_tau = tl.load(n0 + i_n) + (i_tc * BT + o_t + 1).to(tl.float32)
+    # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
+    b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
+    # dλ's partial sum over these columns, and S[:, cols]
+    b_Sc = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_g in tl.static_range(G):
+        i_hv = i_h * G + i_g
+        _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+        b_lam = _b_lam_lam
+        b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
+        b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
+        tl.store(alam_buf + i_cb * TT * HV + rows * HV + i_hv, -tl.sum(b_gc * b_corr, 1), mask=m_r)
+    # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
+    b_sh = _hi(b_Sc, DT_ID)
+    tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
+    tl.store(sl_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_Sc - b_sh, sl_buf, DT_ID), mask=m_rc)
+    # S = Σ_hv (λ_hv/τ) G_hv one key block at a time: its share of S C_n, tril(S Kᵀ) and mᵀS (whole key rows)
     o_k = o_kb
     m_k = o_k < DK
-    b_C0 = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_S = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_g in tl.static_range(G):
+        i_hv = i_h * G + i_g
+        _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+        b_lam = _b_lam_lam
+        b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
+    _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_k = _b_k_k
+    b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_PS = _mm(b_S, tl.trans(b_k), DT_ID)
+    b_SC = _mm(b_S, b_C, DT_ID)
+    b_ms = tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_C1 = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        b_S = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_g in tl.static_range(G):
+            i_hv = i_h * G + i_g
+            _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_lam = _b_lam_lam
+            b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_k = _b_k_k
+        b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        b_PS += _mm(b_S, tl.trans(b_k), DT_ID)
+        b_SC += _mm(b_S, b_C, DT_ID)
+        b_ms += tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
 
-    b_n0 = tl.load(n0 + i_n)
-    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            # absolute rows (see the forward)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rc = m_r[:, None] & m_c[None, :]
-            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_kc = _b_kc_k
-            b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            # m_n and mᵀq as the forward left them: no m carry here
-            p_mn = mn_buf + ((c_first + i_tc) * H + i_h) * DK
-            # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
-            b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            # dλ's partial sum over these columns, and S[:, cols]
-            b_Sc = tl.zeros([BT, BV], dtype=tl.float32)
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
-                b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
-                tl.store(alam_buf + i_c * TT * HV + rows * HV + i_hv, -tl.sum(b_gc * b_corr, 1), mask=m_r)
-            # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
-            b_sh = _hi(b_Sc, DT_ID)
-            tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
-            tl.store(sl_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_Sc - b_sh, sl_buf, DT_ID), mask=m_rc)
-            # S = Σ_hv (λ_hv/τ) G_hv one key block at a time: its share of S C_n, tril(S Kᵀ) and mᵀS, then its rows of C
-            o_k = o_kb
-            m_k = o_k < DK
-            b_S = tl.zeros([BT, BK], dtype=tl.float32)
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_PS = _mm(b_S, tl.trans(b_k), DT_ID)
-            b_SC = _mm(b_S, b_C0, DT_ID)
-            b_ms = tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
-            b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_S = tl.zeros([BT, BK], dtype=tl.float32)
-                for i_g in tl.static_range(G):
-                    i_hv = i_h * G + i_g
-                    _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                    b_lam = _b_lam_lam
-                    b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                    b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_PS += _mm(b_S, tl.trans(b_k), DT_ID)
-                b_SC += _mm(b_S, b_C1, DT_ID)
-                b_ms += tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
-                b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            b_PS = tl.where(m_le, b_PS, 0.)
-            b_dq = -(b_SC + _mm(b_PS, b_kc, DT_ID))
-            b_ms += tl.sum(b_PS, 1)
-            # M re-formed (it is not kept live across the key blocks)
-            b_M = tl.load(p_mn + o_c, mask=m_c, other=0.)[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
-            b_dq += (b_ms / b_tau)[:, None] * b_M
-            if i_c == 0:
-                tl.store(ms_buf + rows * H + i_h, b_ms, mask=m_r)
-            tl.store(aqc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dq, mask=m_rc)
-
-            i_tc += 1
-    else:
-        for i_tc in range(0, n_tc):
-            # absolute rows (see the forward)
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            m_rc = m_r[:, None] & m_c[None, :]
-            _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_kc = _b_kc_k
-            b_tau = b_n0 + (i_tc * BT + o_t + 1).to(tl.float32)
-            # m_n and mᵀq as the forward left them: no m carry here
-            p_mn = mn_buf + ((c_first + i_tc) * H + i_h) * DK
-            # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
-            b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            # dλ's partial sum over these columns, and S[:, cols]
-            b_Sc = tl.zeros([BT, BV], dtype=tl.float32)
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
-                b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
-                tl.store(alam_buf + i_c * TT * HV + rows * HV + i_hv, -tl.sum(b_gc * b_corr, 1), mask=m_r)
-            # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
-            b_sh = _hi(b_Sc, DT_ID)
-            tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
-            tl.store(sl_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_Sc - b_sh, sl_buf, DT_ID), mask=m_rc)
-            # S = Σ_hv (λ_hv/τ) G_hv one key block at a time: its share of S C_n, tril(S Kᵀ) and mᵀS, then its rows of C
-            o_k = o_kb
-            m_k = o_k < DK
-            b_S = tl.zeros([BT, BK], dtype=tl.float32)
-            for i_g in tl.static_range(G):
-                i_hv = i_h * G + i_g
-                _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                b_lam = _b_lam_lam
-                b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_PS = _mm(b_S, tl.trans(b_k), DT_ID)
-            b_SC = _mm(b_S, b_C0, DT_ID)
-            b_ms = tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
-            b_C0 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_S = tl.zeros([BT, BK], dtype=tl.float32)
-                for i_g in tl.static_range(G):
-                    i_hv = i_h * G + i_g
-                    _b_lam_lam = tl.load(p_lam + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-                    b_lam = _b_lam_lam
-                    b_g = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                    b_S += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_g
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_PS += _mm(b_S, tl.trans(b_k), DT_ID)
-                b_SC += _mm(b_S, b_C1, DT_ID)
-                b_ms += tl.sum(b_S * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
-                b_C1 += _mm(tl.trans(b_k), b_kc, DT_ID)
-
-            b_PS = tl.where(m_le, b_PS, 0.)
-            b_dq = -(b_SC + _mm(b_PS, b_kc, DT_ID))
-            b_ms += tl.sum(b_PS, 1)
-            # M re-formed (it is not kept live across the key blocks)
-            b_M = tl.load(p_mn + o_c, mask=m_c, other=0.)[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
-            b_dq += (b_ms / b_tau)[:, None] * b_M
-            if i_c == 0:
-                tl.store(ms_buf + rows * H + i_h, b_ms, mask=m_r)
-            tl.store(aqc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dq, mask=m_rc)
-
+    b_PS = tl.where(m_le, b_PS, 0.)
+    b_dq = -(b_SC + _mm(b_PS, b_kc, DT_ID))
+    b_ms += tl.sum(b_PS, 1)
+    b_M = tl.load(p_mn + o_c, mask=m_c, other=0.)[None, :] + tl.cumsum(b_kc.to(tl.float32), axis=0)
+    b_dq += (b_ms / b_tau)[:, None] * b_M
+    if i_cb == 0:
+        tl.store(ms_buf + rows * H + i_h, b_ms, mask=m_r)
+    tl.store(aqc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dq, mask=m_rc)
 # ---- backward stage bwd_curvature_key (docs/chunk_forms.md §4): reverse over the chunks, per (sequence, key head, BV
 #   columns). The keys enter only through the prefix sums, whose adjoints are dC_t = −S_t q_tᵀ and
 #   dm_t = (S_t (m_tᵀq_t) + q_t (m_tᵀS_t))/τ_t, S = Σ_hv (λ_hv/τ) dq̂_hv (bwd_curvature_query left it in the input dtype):
@@ -1941,7 +1810,7 @@ _INPUTS = ["q", "k", "v", "g", "beta", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -1957,7 +1826,8 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'c0', 'c_out', 'm0', 'm_out', 'n0', 'mn_buf', 'mq_buf', 'corr_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
+    'chunk_curvature_state_kernel': ('c0', 'c_out', 'm0', 'm_out', 'mn_buf', 'cn_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'n0', 'mn_buf', 'mq_buf', 'corr_buf', 'cn_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_output_kernel': ('g_buf', 'qh_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
@@ -1967,7 +1837,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_query_kernel': ('p_lam', 'c0', 'n0', 'aqc_buf', 'mn_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'mn_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_key_kernel': ('n0', 'mq_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG', 'NKC'),
@@ -1980,7 +1850,8 @@ def _kernels():
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("curvature_query", chunk_curvature_query_kernel, "key_state"),
+        ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
+        ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
@@ -1993,7 +1864,8 @@ def _unfused_kernels():
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("curvature_query", chunk_curvature_query_kernel, "key_state"),
+        ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
+        ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
@@ -2034,7 +1906,8 @@ def _rerun_kernels(kept):
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("curvature_query", chunk_curvature_query_kernel, "key_state"),
+        ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
+        ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
@@ -2042,7 +1915,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "mn_buf", "mq_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "mq_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -2148,6 +2021,10 @@ class _Run:
                 grid = (N * HP, triton.cdiv(DK, BK))
             elif kind == "key_state":  # the curvature sums: one program per BV columns of C, sequence and key head
                 grid = (triton.cdiv(DK, BV), N * H)
+            elif kind == "key_state_tiles":  # and per [BK, BV] tile of C (its state pass: no term couples its rows)
+                grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
+            elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)
+                grid = (triton.cdiv(DK, BV), NT, H)
             elif kind == "state":
                 grid = (triton.cdiv(DV, BV), N * HV)
             elif kind == "state_keys":  # and one program per block of BK key rows (rows that no term couples)
@@ -2178,12 +2055,18 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["ql_buf"] = (TT * HV * DK, dt)
     if keep:  # corr per key head, for the backward's dλ (compiler/plan.py: rule_curvature_query)
         b["corr_buf"] = (TT * H * DK, f32)
-    if keep:  # the backward's curvature passes read m_n per chunk and mᵀq per token (they carry no m)
-        b["mn_buf"] = ((triton.cdiv(TT, BT) + N) * H * DK, f32)
+    if keep:  # the backward's reverse curvature pass reads mᵀq per token (it carries no m)
         b["mq_buf"] = (TT * H, f32)
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
+    return b
+
+
+def _curvature_sums(NT, H, DK):
+    """name -> (numel, dtype) of the curvature sums at every chunk's start (curvature_state, bwd_curvature_sums)."""
+    b = {"cn_buf": (NT * H * DK * DK, torch.float32)}
+    b["mn_buf"] = (NT * H * DK, torch.float32)
     return b
 
 
@@ -2268,6 +2151,10 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if "vn_buf" in takes:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
+    # the curvature sums at every chunk's start, for curvature_query (the backward forms them again where it reads
+    # them: bwd_curvature_sums); C_n is 268 MB at the reference shape
+    if "cn_buf" in takes:
+        bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in _curvature_sums(NT, H, DK).items()})
     # the backward's rerun of the forward has no output stage: no o
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
@@ -2318,10 +2205,11 @@ def _cp_kernels():
             ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
-            ("curvature_query", chunk_curvature_query_kernel, "key_state"),
+            ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
         ],
         "after_aux": [
-            ("curvature_query", chunk_curvature_query_kernel, "key_state"),
+            ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
+            ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ],
         "transition": [
             ("state_pass", chunk_state_pass_kernel, "state"),
@@ -2434,7 +2322,8 @@ def _bwd_kernels():
         ("bwd_state", chunk_bwd_state_kernel, "state"),
         ("bwd_solve", chunk_bwd_solve_kernel, "chunk"),
         ("bwd_key_grads", chunk_bwd_grad_kernel, "chunk_keys"),
-        ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_state"),
+        ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
+        ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk"),
         ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_state"),
         ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
@@ -2452,7 +2341,8 @@ def _cp_bwd_kernels():
         ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
         ("bwd_solve", chunk_bwd_solve_kernel, "chunk", None),
         ("bwd_key_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
-        ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_state", None),
+        ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles", None),
+        ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk", None),
         ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_state", "aux_first"),
         ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state", "aux_first"),
         ("cp_aux", None, "hook", None),
@@ -2660,6 +2550,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")
     make["dc0"] = (N * H * DK * DK, fp32)
     make["dm0"] = (N * H * DK, fp32)
+    make.update(_curvature_sums(NT, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
