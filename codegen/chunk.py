@@ -53,7 +53,8 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
                          reverse cumsum of db)
     bwd_curvature_sums   CCQ: C_n, m_n formed again (the forward's curvature_state kernel), for bwd_curvature_query
     bwd_curvature_query  CCQ, per chunk in parallel: the sums' share of dq, dλ
-    bwd_curvature_key    CCQ, reverse over chunks with (D + Dᵀ)[:, cols] carried (anti-causal linear attention): dk, dm_0
+    bwd_curvature_carry  CCQ, reverse over chunks per [BK, BV] tile of E = D + Dᵀ: E_n (and dm_c) of every chunk, dm_0
+    bwd_curvature_key    CCQ, per chunk in parallel from E_n: the keys' share (an anti-causal linear attention)
     bwd_curvature_state  CCQ: dC_0 = dC_final − Σ_t S_t q_tᵀ
     bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
     bwd_precond_exact    exact preconditioner, per chunk: z = P_t dx_t, the chunk's Gram adjoint, in-chunk key terms
@@ -204,12 +205,13 @@ class Launch:
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
-# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks × sub-chunks);
-# rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over
-# chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk state, sequences ×
-# key heads: the curvature sums' reverse passes); key_state_tiles (BK × BV tiles of a dk × dk state, sequences × key
-# heads: the curvature sums' state pass); key_chunk (blocks of BV columns of a dk × dk state, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output (dv blocks, NT,
-# HV).
+# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks ×
+# sub-chunks); rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block,
+# sequential over chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk
+# state, sequences × key heads: the curvature sums' dC_0 pass); key_state_tiles (BK × BV tiles of a dk × dk state,
+# sequences × key heads: the curvature sums' state pass and its adjoint's reverse pass); key_chunk (blocks of BV
+# columns of a dk × dk state, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output
+# (dv blocks, NT, HV).
 # the curvature sums' state pass: the forward's, and the backward's re-forming of C_n (bwd_curvature_sums) is the same
 # kernel and launch
 CURVATURE_STATE = Launch("curvature_state", "chunk_curvature_state_kernel", "key_state_tiles",
@@ -252,7 +254,9 @@ BACKWARD_RULES = {
     "bwd_curvature_sums": CURVATURE_STATE,
     "bwd_curvature_query": Launch("bwd_curvature_query", "chunk_bwd_curvature_query_kernel", "key_chunk",
                                   "chunk_bwd_curvature_query.jinja"),
-    "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_state",
+    "bwd_curvature_carry": Launch("bwd_curvature_carry", "chunk_bwd_curvature_carry_kernel", "key_state_tiles",
+                                  "chunk_bwd_curvature_carry.jinja"),
+    "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_chunk",
                                 "chunk_bwd_curvature_key.jinja"),
     "bwd_curvature_state": Launch("bwd_curvature_state", "chunk_bwd_curvature_state_kernel", "key_state",
                                   "chunk_bwd_curvature_state.jinja"),

@@ -14,7 +14,7 @@ WHOLE_VALUE_ROWS = ("bwd_inputs",)
 # sums): two BK must cover dk
 WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
 # of those, the chunk-parallel ones (the others are sequential over chunks)
-CHUNK_KEY_ROWS = ("curvature_query", "bwd_curvature_query")
+CHUNK_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
 
 
 def _next_pow2(x: int) -> int:
@@ -236,7 +236,7 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and
         # 21 / 8 KB (not yet timed on a GPU; the backward's spill is its tiles' layout more than the warp count)
         return BK, bv_full, 8, 1
-    if name == "curvature_state":
+    if name in ("curvature_state", "bwd_curvature_carry"):
         # one [BK, BV] tile of C per program, one Kᵀ K product and a 16 KB store per chunk (at 64 × 64): 256 programs
         # at B = 4, H = 16, dk = 128
         return bk_block, min(64, BK), 4, 2
@@ -246,20 +246,14 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B
         return max(bk_block, BK // 2), min(64, BK), 8, 1
     if name in WHOLE_KEY_ROWS:
-        # the curvature sums' passes (chunk_curvature_query.jinja, chunk_bwd_curvature_*.jinja): BV columns of the
-        # dk × dk sums per program, their rows in two tiles of BK (as the state pass holds its state). BV 32 at dk = 128
-        # is 256 programs at B = 4, H = 16, two per SM where 4 warps stay within 255 registers and 113 KB of shared
-        # memory (8 warps at 255 registers hold one per SM). Compile report (ccq_gdn, dk = 128, sm_90), registers /
-        # spill / shared: forward 245-255 / 0-8 B / 24 KB (2 stages: 40-88 B spill); bwd_curvature_query 255 / 96 B /
-        # 28 KB (2 stages 64 B and 148 KB; 8 warps 8 B; uncentred 8 B); bwd_curvature_key, 2 stages, 255 / 8 B / 112 KB
-        # (1 stage: 216 B; uncentred 187 / 0 / 120 KB); bwd_curvature_state 94 / 0 / 20 KB. Not yet timed on the H200
-        # H200, ccq_gdn (run 43, .dbg-style check of dλ at each setting, then benchmarks/tune.py in run 44): the
-        # forward at BV 32 / 4 warps 0.926 ms (BV 64 / 8 warps 1.12, BV 16 / 4 warps 1.53). bwd_curvature_query at
-        # BV 32 / 4 warps / 1 stage (its 96 B spill) gave a wrong dλ (relative error 1.39; every other gradient
-        # right; the interpreter right at the same shape): a Triton 3.6 sm_90 build error. BV 64 / 8 warps 0.811 ms
-        # (the fastest that is right; BV 32 / 4 warps / 2 stages 0.956, BV 32 / 8 warps 1.24)
-        if name == "bwd_curvature_query":
-            return max(bk_block, BK // 2), min(64, BK), 8, 1
+        # the curvature sums' sequential reverse passes (chunk_bwd_curvature_key.jinja, chunk_bwd_curvature_state.jinja):
+        # BV columns of the dk × dk adjoint per program, its rows in two tiles of BK (as the state pass holds its
+        # state). BV 32 at dk = 128 is 256 programs at B = 4, H = 16, two per SM where 4 warps stay within 255
+        # registers. Compile report (ccq_gdn, dk = 128, sm_90), registers / spill / shared: bwd_curvature_key, 2 stages,
+        # 255 / 8 B / 112 KB (1 stage: 216 B; uncentred 187 / 0 / 120 KB); bwd_curvature_state 94 / 0 / 20 KB. (Until
+        # run 87 curvature_query and bwd_curvature_query were sequential passes of this tiling too, carrying C: the
+        # forward at BV 32 / 4 warps 0.926 ms in run 44; bwd_curvature_query at BV 32 / 4 warps / 1 stage, with a 96 B
+        # spill, gave a wrong dλ on sm_90, a Triton 3.6 build error.)
         stages = 2 if name == "bwd_curvature_key" else 1
         return max(bk_block, BK // 2), min(32, BK), 4, stages
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1

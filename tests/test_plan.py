@@ -475,8 +475,9 @@ def test_backward_plan(name):
     # bwd_inputs runs unless bwd_grads finished every gradient (elementwise chain rule: no L2 norm, gain or gate)
     assert (kinds[-1] == "bwd_inputs") == (set(p.elementwise_grads) != {d.name for d in ir.inputs})
     assert ("bwd_curvature_query" in kinds) == ("bwd_curvature_key" in kinds) == (ir.read.kind == "curvature")
-    if ir.read.kind == "curvature":  # forwards for dq and dλ, then in reverse for dk: the sums' adjoints run backwards
-        assert kinds.index("bwd_curvature_key") == kinds.index("bwd_curvature_query") + 1
+    if ir.read.kind == "curvature":  # C_n formed again, dq and dλ per chunk; the keys' adjoint carry in reverse, then dk
+        i = kinds.index("bwd_curvature_sums")
+        assert kinds[i:i + 4] == ["bwd_curvature_sums", "bwd_curvature_query", "bwd_curvature_carry", "bwd_curvature_key"]
     assert ("bwd_precond_diag" in kinds) == (ir.precond.kind == "diag")
     # the exact preconditioner: the chunk-parallel stage, then the reverse pass of the Gram adjoint, before bwd_inputs
     exact = ["bwd_precond_exact", "bwd_precond_gram", "bwd_inputs"]

@@ -31,6 +31,7 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
               "bwd_solve": "chunk_bwd_solve_kernel", "bwd_grads": "chunk_bwd_grad_kernel",
               "bwd_curvature_sums": "chunk_curvature_state_kernel",  # the forward's kernel, run again
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
+              "bwd_curvature_carry": "chunk_bwd_curvature_carry_kernel",
               "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
               "bwd_curvature_state": "chunk_bwd_curvature_state_kernel",
               "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",

@@ -1196,172 +1196,136 @@ def chunk_bwd_curvature_query_kernel(
     b_PS = tl.where(m_le, b_PS, 0.)
     b_dq = -(b_SC + _mm(b_PS, b_kc, DT_ID))
     tl.store(aqc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dq, mask=m_rc)
-# ---- backward stage bwd_curvature_key (docs/chunk_forms.md §4): reverse over the chunks, per (sequence, key head, BV
-#   columns). The keys enter only through the prefix sums, whose adjoints are dC_t = −S_t q_tᵀ, S = Σ_hv (λ_hv/τ) dq̂_hv (bwd_curvature_query left it in the input dtype):
-#     dk_j = E k_j − Σ_{t≥j in chunk} (S_t (q_tᵀk_j) + q_t (S_tᵀk_j)) + dm_c,   E = D + Dᵀ
-#   with D = dC_final + Σ_{later chunks} dC_t and dm_c = dm_final: an anti-causal linear attention.
-#   E[:, cols] is carried as up to 2 [BK, BV] fp32 tiles of BK key rows (b_E0, b_E1); the in-chunk terms are
-#   triu(K Qᵀ) S[:, cols] + triu(K Sᵀ) Q[:, cols]. Written per key head: the group's sum. (dC_0 = D at the start of the
-#   sequence is bwd_curvature_state's: a second carry here made this kernel spill at dk = 128.)
+# ---- backward stage bwd_curvature_carry (docs/chunk_forms.md §4): the keys' adjoint carry, reverse over the chunks ----
+#   E = D + Dᵀ with D = dC_final + Σ_{later chunks} dC_t, dC_t = −S_t q_tᵀ: E −= Sᵀ Q + Qᵀ S per chunk couples no rows
+#   of E, so one program holds one [BK, BV] fp32 tile of it (BK rows × BV columns) for one sequence and key head,
+#   reverse over its chunks, and stores every chunk's E (before that chunk's own terms) for the chunk-parallel
+#   bwd_curvature_key. The update takes S rounded once (exact products
+#   there left dk unchanged).
 @triton.jit
-def chunk_bwd_curvature_key_kernel(
-    sh_buf, dc_fin, dm_fin, dm0, akc_buf, pn_q, pn_k, cu_seqlens, H: tl.constexpr, DK: tl.constexpr,
+def chunk_bwd_curvature_carry_kernel(
+    sh_buf, en_buf, dc_fin, dm_fin, dm0, pn_q, cu_seqlens, chunk_offsets, H: tl.constexpr, DK: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
-    i_c = tl.program_id(0)
+    i_kb = tl.program_id(0) // tl.cdiv(DK, BV)
+    i_c = tl.program_id(0) % tl.cdiv(DK, BV)
     i_nh = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c_first = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
+    o_k = i_kb * BK + tl.arange(0, BK)
+    m_k = o_k < DK
     o_c = i_c * BV + tl.arange(0, BV)
     m_c = o_c < DK
-    m_ge = o_t[:, None] <= o_t[None, :]
-    o_k = o_kb
-    m_k = o_k < DK
-    # (dC_final + dC_finalᵀ)[:, cols]: Dᵀ[:, cols] are the rows `cols` of dC_final, read transposed
-    b_E0 = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :],
-                     other=0.) + tl.load(dc_fin + ((i_n * H + i_h) * DK + o_c[None, :]) * DK + o_k[:, None],
-                                         mask=m_k[:, None] & m_c[None, :], other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        # (dC_final + dC_finalᵀ)[:, cols]: Dᵀ[:, cols] are the rows `cols` of dC_final, read transposed
-        b_E1 = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :],
-                         other=0.) + tl.load(dc_fin + ((i_n * H + i_h) * DK + o_c[None, :]) * DK + o_k[:, None],
-                                             mask=m_k[:, None] & m_c[None, :], other=0.)
-
+    m_kc = m_k[:, None] & m_c[None, :]
+    # (dC_final + dC_finalᵀ)[rows, cols]: the transposed share read as the tile [cols, rows] of dC_final
+    b_E = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.) + \
+        tl.load(dc_fin + ((i_n * H + i_h) * DK + o_c[None, :]) * DK + o_k[:, None], mask=m_kc, other=0.)
     b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
         while i_tc >= 0:
-            # absolute rows (see the forward)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
             m_rc = m_r[:, None] & m_c[None, :]
+            p_en = en_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_en + o_k[:, None] * DK + o_c[None, :], b_E, mask=m_kc)
+            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q__raw
             _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_qc = _b_qc_q__raw
+            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            # the anti-causal scores over all of dk, key block by key block (formed as such: no transposed c×c tiles), and
-            # their share of dk: −triu(K Qᵀ) S[:, cols] − triu(K Sᵀ) Q[:, cols]
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_Pt = _mm(b_k, tl.trans(b_q), DT_ID)
-            b_PSt = _mm(b_k, tl.trans(b_s), DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_Pt += _mm(b_k, tl.trans(b_q), DT_ID)
-                b_PSt += _mm(b_k, tl.trans(b_s), DT_ID)
-
-            b_dk = -(_mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID))
-            # then, again by key blocks (the tiles are loaded once), E k and the blocks' rows of the carry. E is split into
-            # two bf16 products where it meets K (bf16, T = 256, four seeds: dk 2.6e-3 → 2.2e-3); its update takes S rounded
-            # once (exact products there left dk unchanged)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dk += _mm_split_b(b_k, b_E0, DT_ID)
-            b_E0 -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_dk += _mm_split_b(b_k, b_E1, DT_ID)
-                b_E1 -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
-
-            tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
+            b_E -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
 
             i_tc -= 1
     else:
         for i_rev in range(0, n_tc):
             i_tc = n_tc - 1 - i_rev
-            # absolute rows (see the forward)
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
             m_rc = m_r[:, None] & m_c[None, :]
+            p_en = en_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_en + o_k[:, None] * DK + o_c[None, :], b_E, mask=m_kc)
+            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q = _b_q_q__raw
             _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_qc = _b_qc_q__raw
+            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            # the anti-causal scores over all of dk, key block by key block (formed as such: no transposed c×c tiles), and
-            # their share of dk: −triu(K Qᵀ) S[:, cols] − triu(K Sᵀ) Q[:, cols]
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_Pt = _mm(b_k, tl.trans(b_q), DT_ID)
-            b_PSt = _mm(b_k, tl.trans(b_s), DT_ID)
+            b_E -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_Pt += _mm(b_k, tl.trans(b_q), DT_ID)
-                b_PSt += _mm(b_k, tl.trans(b_s), DT_ID)
+    if i_kb == 0:
+        tl.store(dm0 + (i_n * H + i_h) * DK + o_c, b_dmc, mask=m_c)
+# ---- backward stage bwd_curvature_key (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns). The
+#   keys enter only through the prefix sums, whose adjoints are dC_t = −S_t q_tᵀ, S = Σ_hv (λ_hv/τ) dq̂_hv (bwd_curvature_query left it in the input dtype):
+#     dk_j = E k_j − Σ_{t≥j in chunk} (S_t (q_tᵀk_j) + q_t (S_tᵀk_j)) + dm_c,   E = D + Dᵀ
+#   with E (D = dC_final + Σ_{later chunks} dC_t) as bwd_curvature_carry left them
+#   per chunk: an anti-causal linear attention. The in-chunk terms are triu(K Qᵀ) S[:, cols] + triu(K Sᵀ) Q[:, cols]
+#   (formed as such: no transposed c×c tiles). Written per key head: the group's sum.
+@triton.jit
+def chunk_bwd_curvature_key_kernel(
+    sh_buf, en_buf, dm_fin, akc_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
+    i_cb = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_h = tl.program_id(2)
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    o_kb = tl.arange(0, BK)
+    o_c = i_cb * BV + tl.arange(0, BV)
+    m_c = o_c < DK
+    m_rc = m_r[:, None] & m_c[None, :]
+    m_ge = o_t[:, None] <= o_t[None, :]
+    p_en = en_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
+    _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+    b_qc = _b_qc_q__raw
+    b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
+    # the key blocks (whole key rows): the anti-causal scores, and E k with E split into two bf16 products where it
+    # meets K (bf16, T = 256, four seeds: dk 2.6e-3 → 2.2e-3)
+    o_k = o_kb
+    m_k = o_k < DK
+    _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_q = _b_q_q__raw
+    _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_k = _b_k_k
+    b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_E = tl.load(p_en + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_Pt = _mm(b_k, tl.trans(b_q), DT_ID)
+    b_PSt = _mm(b_k, tl.trans(b_s), DT_ID)
+    b_dk = _mm_split_b(b_k, b_E, DT_ID)
 
-            b_dk = -(_mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID))
-            # then, again by key blocks (the tiles are loaded once), E k and the blocks' rows of the carry. E is split into
-            # two bf16 products where it meets K (bf16, T = 256, four seeds: dk 2.6e-3 → 2.2e-3); its update takes S rounded
-            # once (exact products there left dk unchanged)
-            o_k = o_kb
-            m_k = o_k < DK
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
-            _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = _b_k_k
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dk += _mm_split_b(b_k, b_E0, DT_ID)
-            b_E0 -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_q = _b_q_q__raw
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_k = _b_k_k
+        b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        b_E = tl.load(p_en + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        b_Pt += _mm(b_k, tl.trans(b_q), DT_ID)
+        b_PSt += _mm(b_k, tl.trans(b_s), DT_ID)
+        b_dk += _mm_split_b(b_k, b_E, DT_ID)
 
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_q = _b_q_q__raw
-                _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_k = _b_k_k
-                b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_dk += _mm_split_b(b_k, b_E1, DT_ID)
-                b_E1 -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
-
-            tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
-
-    tl.store(dm0 + (i_n * H + i_h) * DK + o_c, b_dmc, mask=m_c)
+    b_dk -= _mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID)
+    b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
+    tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
 # ---- backward stage bwd_curvature_state (docs/chunk_forms.md §4): dC_0 = dC_final − Σ_t S_t q_tᵀ over the sequence --------
 #   per (sequence, key head, BV columns): a sum over every token, in chunk order, S as its two input-dtype halves
 #   (hi + lo: two bf16 products, about 16 mantissa bits of S; bf16, T = 256, four seeds: dC_0's own share 3.3e-3 →
@@ -1515,7 +1479,7 @@ _INPUTS = ["q", "k", "v", "g", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "en_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -1542,7 +1506,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dc_fin', 'dm_fin', 'dm0', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_carry_kernel': ('sh_buf', 'en_buf', 'dc_fin', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_key_kernel': ('sh_buf', 'en_buf', 'dm_fin', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
 }
@@ -1986,7 +1951,8 @@ def _bwd_kernels():
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
         ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk"),
-        ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_state"),
+        ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles"),
+        ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_chunk"),
         ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
@@ -2006,11 +1972,12 @@ def _cp_bwd_kernels():
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles", None),
         ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk", None),
-        ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_state", "aux_first"),
+        ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles", "aux_first"),
         ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state", "aux_first"),
         ("cp_aux", None, "hook", None),
-        ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_state", "aux_again"),
+        ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles", "aux_again"),
         ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state", "aux_again"),
+        ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_chunk", None),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
 
@@ -2209,6 +2176,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dc0"] = (N * H * DK * DK, fp32)
     make["dm0"] = (N * H * DK, fp32)
     make.update(_curvature_sums(NT, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
+    make["en_buf"] = (NT * H * DK * DK, fp32)  # the keys' adjoint carry E at every chunk (bwd_curvature_carry)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

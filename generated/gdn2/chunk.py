@@ -1258,7 +1258,7 @@ _INPUTS = ["q", "k", "v", "g", "b", "w"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "en_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
