@@ -204,3 +204,31 @@ def test_state_only_stages_follow_the_wanted_gradients(name: str) -> None:
             "m": torch.zeros(1, 2, 16), "n": torch.zeros(1)}
     names = _launched(chunk, lambda: pkg.forward(**xs, initial_state=init).o.backward(do))
     assert "chunk_bwd_curvature_state_kernel" in names
+
+
+@pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla_uncentered"])
+def test_curvature_carries_live_only_around_their_readers(name: str) -> None:
+    """The curvature sums' per-chunk tiles (C_n, the keys' adjoint carry E_n: dk² fp32 per chunk and key head) exist
+    only between the pass that stores them and the chunk-parallel pass that reads them: the training forward hands
+    neither to the backward, and the backward allocates each right before its reverse-ordered producer
+    (bwd_curvature_sums, bwd_curvature_carry), after the chunk gradients, and drops it after its reader."""
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    out, kept = mod.chunk_forward_train(x)
+    assert "cn_buf" not in mod._KEPT_BUFFERS and "en_buf" not in mod._KEPT_BUFFERS
+    live: list[tuple[list[str], set[str]]] = []
+    launch = mod._Run.launch
+
+    def record(self, kernels):  # noqa: ANN001, ANN202
+        live.append(([k[1].__name__ for k in kernels],
+                     {n for n in ("cn_buf", "en_buf") if n in self.bufs and self.bufs[n].numel() > 1}))
+
+    mod._Run.launch = record
+    try:
+        mod.chunk_backward(x, do=torch.randn_like(out.o), kept=kept)
+    finally:
+        mod._Run.launch = launch
+    where = {n: [k for names, bufs in live if n in bufs for k in names] for n in ("cn_buf", "en_buf")}
+    assert where["cn_buf"] == ["chunk_curvature_state_kernel", "chunk_bwd_curvature_query_kernel"]
+    assert where["en_buf"] == ["chunk_bwd_curvature_carry_kernel", "chunk_bwd_curvature_key_kernel"]
