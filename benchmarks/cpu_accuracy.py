@@ -1,0 +1,69 @@
+"""Per-output relative errors of specs' chunk kernels (forward o, every gradient) against the float64 reference, on
+the CPU under the Triton interpreter: the same numbers at two commits say a restructure kept the arithmetic.
+
+    python benchmarks/cpu_accuracy.py ccq_gdn ccq_gla [--T 256 --dk 32 --dtype bf16]
+    # the same at another commit: a worktree as dgps/ under some DIR, then from inside it
+    PYTHONPATH=DIR DGPS_CACHE_DIR=/tmp/other_cache python benchmarks/cpu_accuracy.py ccq_gdn
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import dgps  # noqa: E402
+from dgps.runtime.compile import load_chunk  # noqa: E402
+from dgps.runtime.reference import random_states, state_shapes  # noqa: E402
+from dgps.runtime.tensors import Dims  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def errors(name: str, B: int, T: int, H: int, HV: int, dk: int, dv: int, dtype: torch.dtype, seed: int) -> dict:
+    rec = dgps.load(os.path.join(os.path.dirname(dgps.__file__), "specs", f"{name}.dgps"))
+    dims = Dims(B, T, H, HV, dk, dv)
+    x = {k: v.to(dtype) for k, v in rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed).items()}
+    states = random_states(rec.ir, dims, B, seed)  # consistent ones (CCQ's C_0 a sum of k kᵀ, m_0 and n_0 with it)
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(B, T, HV, dv, generator=gen).to(dtype)
+    dfinal = {k: torch.randn(s, generator=gen) for k, s in state_shapes(rec.ir, dims, B).items() if k != "n"}
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    s64 = {k: v.double().requires_grad_(k != "n") for k, v in states.items()}
+    out = rec.reference(**x64, initial_state=s64, output_final_state=True)
+    loss = (out.o * do.double()).sum() + sum((out.final_state[k] * g.double()).sum() for k, g in dfinal.items())
+    leaves = {**x64, **{f"S:{k}": s64[k] for k in dfinal}}
+    ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True), strict=True))
+    mod = load_chunk(rec.ir)
+    fwd = mod.chunk_forward(x, initial_state=states, output_final_state=True)
+    gx, gs = mod.chunk_backward(x, initial_state=states, do=do, d_final_state=dfinal)
+    ours = {**gx, **{f"S:{k}": v for k, v in gs.items()}}
+    errs = {"o": ((fwd.o.double() - out.o).norm() / out.o.norm()).item()}
+    for k, want in ref.items():
+        if want is not None and want.norm() > 0:
+            errs["d" + k] = ((ours[k].double() - want).norm() / want.norm()).item()
+    return errs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("specs", nargs="+")
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--T", type=int, default=256)
+    p.add_argument("--H", type=int, default=2)
+    p.add_argument("--HV", type=int, default=2)
+    p.add_argument("--dk", type=int, default=32)
+    p.add_argument("--dv", type=int, default=32)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--seed", type=int, default=3)
+    a = p.parse_args()
+    for name in a.specs:
+        e = errors(name, a.B, a.T, a.H, a.HV, a.dk, a.dv, DTYPES[a.dtype], a.seed)
+        print(name, " ".join(f"{k}={v:.3e}" for k, v in e.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
