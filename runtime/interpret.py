@@ -359,7 +359,7 @@ def run_curvature_query(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[st
         c = e - s
         tau = (n.reshape(-1, 1, 1, 1) + torch.arange(1, c + 1, dtype=DTYPE).reshape(1, 1, c, 1))
         P = (Q @ K.mT).tril()
-        corr = (Q @ C + P @ K) / tau
+        corr = (Q @ C.mT + P @ K) / tau  # rows C_n q (C_0 need not be symmetric)
         if centered:
             assert isinstance(mn, torch.Tensor)
             m = _expand_heads(mn[:, i], ctx.G)

@@ -166,6 +166,35 @@ def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) ->
     check_gradients(name, T=150, H=1, HV=2, dk=48, dv=16, varlen=True, cuts=(45, 100), overrides=overrides)
 
 
+@pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla_uncentered"])
+def test_curvature_initial_sums_not_symmetric(name: str) -> None:
+    """An initial C_0 that is not symmetric (the sums it continues are): the read is C_t q as the reference takes it, not
+    C_tᵀ q, and the backward's C_tᵀ S, dC_0 and dλ follow. (The forward had formed C_tᵀ q: o 6.9e-2 and dλ 0.74 off.)"""
+    rec = load(name)
+    B, T, H, HV, dk, dv = 1, 100, 2, 2, 16, 16
+    dims = Dims(B, T, H, HV, dk, dv)
+    x = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=1)
+    states = random_states(rec.ir, dims, B, 1)
+    gen = torch.Generator().manual_seed(5)
+    states["C"] = states["C"] + 0.5 * torch.randn(states["C"].shape, generator=gen)
+    assert not torch.allclose(states["C"], states["C"].mT)
+    do = torch.randn(B, T, HV, dv, generator=gen)
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    s64 = {k: v.double().requires_grad_(k != "n") for k, v in states.items()}
+    ref = rec.reference(**x64, initial_state=s64, output_final_state=True)
+    leaves = [*x64.values(), s64["C"], s64["m"]]
+    want = torch.autograd.grad((ref.o * do.double()).sum(), leaves, allow_unused=True)
+    mod = load_chunk(rec.ir)
+    out = mod.chunk_forward(x, initial_state=states, output_final_state=True)
+    gx, gs = mod.chunk_backward(x, initial_state=states, do=do)
+    got = [*(gx[k] for k in x64), gs["C"], gs["m"]]
+    pairs = [("o", out.o, ref.o), ("C_final", out.final_state["C"], ref.final_state["C"])]
+    pairs += [(f"d{n}", g, w) for n, g, w in zip([*x64, "C0", "m0"], got, want, strict=True) if w is not None]
+    for n, g, w in pairs:
+        err = ((g.double() - w.detach()).norm() / w.norm().clamp_min(1e-30)).item()
+        assert err <= TOL_FP32, f"{name} {n}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("name", ["simple_gla", "gla", "mamba2"])
 def test_additive_state_passes_split_over_key_blocks(name: str) -> None:
     """The additive family's state passes hold one block of key rows per program (compiler/plan.py:

@@ -360,7 +360,9 @@ def chunk_curvature_query_kernel(
     b_q = _b_q_q__raw
     _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_k = _b_k_k
-    b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    # the tile [key rows, cols] of C_nᵀ (C_n[cols, key rows], read transposed): rows of Q C_nᵀ are C_n q, which differs from
+    # C_nᵀ q where an initial C_0 is not symmetric (the sums themselves are; the backward's S C_n takes C_n as stored)
+    b_C = tl.load(p_cn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
     b_P = _mm(b_q, tl.trans(b_k), DT_ID)
     # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
     # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
@@ -374,7 +376,9 @@ def chunk_curvature_query_kernel(
         b_q = _b_q_q__raw
         _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_k = _b_k_k
-        b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        # the tile [key rows, cols] of C_nᵀ (C_n[cols, key rows], read transposed): rows of Q C_nᵀ are C_n q, which differs from
+        # C_nᵀ q where an initial C_0 is not symmetric (the sums themselves are; the backward's S C_n takes C_n as stored)
+        b_C = tl.load(p_cn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
         b_P += _mm(b_q, tl.trans(b_k), DT_ID)
         b_QC += _mm_split_b(b_q, b_C, DT_ID)
         b_mq += tl.sum(b_q.to(tl.float32) * tl.load(p_mn + o_k, mask=m_k, other=0.)[None, :], 1)
