@@ -34,8 +34,9 @@ KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel"
           # the scalar- or no-decay delta family's split of bwd_grads: per chunk, then per key block (the same kernel name)
           "bwd_solve": "chunk_bwd_solve_kernel", "bwd_key_grads": "chunk_bwd_grad_kernel",
           "bwd_inputs": "chunk_bwd_inputs_kernel", "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
+          "curvature_state": "chunk_curvature_state_kernel",  # the forward's, and the backward's bwd_curvature_sums
           "bwd_curvature_query": "chunk_bwd_curvature_query_kernel", "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
-          "bwd_curvature_state": "chunk_bwd_curvature_state_kernel"}
+          "bwd_curvature_carry": "chunk_bwd_curvature_carry_kernel"}
 
 
 def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
@@ -61,11 +62,13 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
         "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
         "bwd_precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
-        # BV columns of the dk × dk sums per program, key rows in one or two blocks of BK
-        "curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2, 3]),
-        "bwd_curvature_query": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
-        "bwd_curvature_key": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
-        "bwd_curvature_state": itertools.product([max(16, full // 2), full], [16, 32, 64], [4, 8], [1, 2]),
+        # the curvature passes per chunk: BV columns of the dk × dk sums, key rows in one or two blocks of BK
+        "curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),
+        "bwd_curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),
+        "bwd_curvature_key": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),
+        # their carries: one [BK, BV] tile per program
+        "curvature_state": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
+        "bwd_curvature_carry": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
     }[stage]
     return [c for c in grid if c[0] <= full and c[1] <= full]
 

@@ -53,9 +53,10 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
                          reverse cumsum of db)
     bwd_curvature_sums   CCQ: C_n, m_n formed again (the forward's curvature_state kernel), for bwd_curvature_query
     bwd_curvature_query  CCQ, per chunk in parallel: the sums' share of dq, dλ
-    bwd_curvature_carry  CCQ, reverse over chunks per [BK, BV] tile of E = D + Dᵀ: E_n (and dm_c) of every chunk, dm_0
-    bwd_curvature_key    CCQ, per chunk in parallel from E_n: the keys' share (an anti-causal linear attention)
-    bwd_curvature_state  CCQ: dC_0 = dC_final − Σ_t S_t q_tᵀ
+    bwd_curvature_carry  CCQ, reverse over chunks per [BK, BV] tile of D = dC_final + Σ dC_t: D_n (and dm_c) of every
+                         chunk, dC_0, dm_0
+    bwd_curvature_key    CCQ, per chunk in parallel from E_n = D_n + D_nᵀ: the keys' share (an anti-causal linear
+                         attention)
     bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
     bwd_precond_exact    exact preconditioner, per chunk: z = P_t dx_t, the chunk's Gram adjoint, in-chunk key terms
     bwd_precond_gram     exact preconditioner: reverse over chunks with the dk×dk Gram adjoint -> dk, dP_0
@@ -207,10 +208,9 @@ class Launch:
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks ×
 # sub-chunks); rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block,
-# sequential over chunks); state (dv blocks, sequences × value heads); key_state (blocks of BV columns of a dk × dk
-# state, sequences × key heads: the curvature sums' dC_0 pass); key_state_tiles (BK × BV tiles of a dk × dk state,
-# sequences × key heads: the curvature sums' state pass and its adjoint's reverse pass); key_chunk (blocks of BV
-# columns of a dk × dk state, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output
+# sequential over chunks); state (dv blocks, sequences × value heads); key_state_tiles (BK × BV tiles of a dk × dk
+# carry, sequences × key heads: the curvature sums and their adjoint, sequential over chunks); key_chunk (blocks of BV
+# columns of a dk × dk carry, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output
 # (dv blocks, NT, HV).
 # the curvature sums' state pass: the forward's, and the backward's re-forming of C_n (bwd_curvature_sums) is the same
 # kernel and launch
@@ -258,8 +258,6 @@ BACKWARD_RULES = {
                                   "chunk_bwd_curvature_carry.jinja"),
     "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_chunk",
                                 "chunk_bwd_curvature_key.jinja"),
-    "bwd_curvature_state": Launch("bwd_curvature_state", "chunk_bwd_curvature_state_kernel", "key_state",
-                                  "chunk_bwd_curvature_state.jinja"),
     "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
                                "chunk_bwd_precond_diag.jinja"),
     "bwd_precond_exact": Launch("bwd_precond_exact", "chunk_bwd_precond_exact_kernel", "chunk",
@@ -408,11 +406,9 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     rules = backward_rules(plan, bplan)
     hooks = {"exchange S": "cp_state", "exchange aux": "cp_aux"}
     cp_bwd = [(hooks[k], None) if k in hooks else (rules[k], tag) for k, tag in cp_stages(plan, bplan).backward_order()]
-    # stages that serve one initial state's gradient alone (launched only where that gradient is asked for)
-    state_only = {st.kind: st.attr("only_for_state") for st in bplan.stages if st.attr("only_for_state")}
     intra = next((st for st in bplan.stages if st.kind == "bwd_intra"), None)
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
-                cp_backward_launches=cp_bwd, state_only_launches={rules[k].name: n for k, n in state_only.items()},
+                cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
@@ -692,7 +688,7 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
-                   bwd_kept_buffers=[], cp_backward_launches=[], state_only_launches={},
+                   bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs

@@ -12,9 +12,7 @@ from __future__ import annotations
 WHOLE_VALUE_ROWS = ("bwd_inputs",)
 # stages whose programs hold whole key rows, in two tiles of BK, next to a block of BV key channels (the curvature
 # sums): two BK must cover dk
-WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
-# of those, the chunk-parallel ones (the others are sequential over chunks)
-CHUNK_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
+WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
 
 
 def _next_pow2(x: int) -> int:
@@ -237,25 +235,18 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 21 / 8 KB (not yet timed on a GPU; the backward's spill is its tiles' layout more than the warp count)
         return BK, bv_full, 8, 1
     if name in ("curvature_state", "bwd_curvature_carry"):
-        # one [BK, BV] tile of C per program, one Kᵀ K product and a 16 KB store per chunk (at 64 × 64): 256 programs
-        # at B = 4, H = 16, dk = 128
+        # one [BK, BV] tile of C (of D) per program, its update (one Kᵀ K product; two SᵀQ, S in halves) and a 16 KB
+        # store per chunk (at 64 × 64): 256 programs at B = 4, H = 16, dk = 128. Compile report (ccq_gdn, dk = 128,
+        # sm_90): 144-159 / 242 registers, no spill
         return bk_block, min(64, BK), 4, 2
-    if name in CHUNK_KEY_ROWS:
+    if name in WHOLE_KEY_ROWS:
         # chunk-parallel (one program per chunk, key head and BV columns of C), whole key rows in two tiles of BK.
+        # (Until run 87 these were sequential passes carrying C or E as two [BK, BV] tiles of BV columns, every product
+        # inside the chunk loop: the forward at BV 32 / 4 warps 0.926 ms in run 44, 0.57 in run 86; bwd_curvature_query
+        # at BV 32 / 4 warps / 1 stage, with a 96 B spill, gave a wrong dλ on sm_90, a Triton 3.6 build error.)
         # Compile report (ccq_gdn, dk = 128, sm_90), registers / spill: BV 64 at 4 warps 255 / 0 (backward 250 / 0), at
         # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B
         return max(bk_block, BK // 2), min(64, BK), 8, 1
-    if name in WHOLE_KEY_ROWS:
-        # the curvature sums' sequential reverse passes (chunk_bwd_curvature_key.jinja, chunk_bwd_curvature_state.jinja):
-        # BV columns of the dk × dk adjoint per program, its rows in two tiles of BK (as the state pass holds its
-        # state). BV 32 at dk = 128 is 256 programs at B = 4, H = 16, two per SM where 4 warps stay within 255
-        # registers. Compile report (ccq_gdn, dk = 128, sm_90), registers / spill / shared: bwd_curvature_key, 2 stages,
-        # 255 / 8 B / 112 KB (1 stage: 216 B; uncentred 187 / 0 / 120 KB); bwd_curvature_state 94 / 0 / 20 KB. (Until
-        # run 87 curvature_query and bwd_curvature_query were sequential passes of this tiling too, carrying C: the
-        # forward at BV 32 / 4 warps 0.926 ms in run 44; bwd_curvature_query at BV 32 / 4 warps / 1 stage, with a 96 B
-        # spill, gave a wrong dλ on sm_90, a Triton 3.6 build error.)
-        stages = 2 if name == "bwd_curvature_key" else 1
-        return max(bk_block, BK // 2), min(32, BK), 4, stages
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
 
 

@@ -804,7 +804,7 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_solve", "bwd_grads",
                   "bwd_curvature_sums", "bwd_curvature_query", "bwd_curvature_carry", "bwd_curvature_key",
-                  "bwd_curvature_state", "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
+                  "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -1107,22 +1107,24 @@ def _bwd_curvature_query(p: Plan) -> Stage | None:
 
 
 def _bwd_curvature_carry(p: Plan) -> Stage | None:
-    # The keys' share: dC_t = -S_t q_t^T is summed from the end (an anti-causal linear attention). Its carry E = D + D^T,
-    # D = dC_final + the later dC_t, couples no rows of E: a reverse pass of [BK, BV] tiles whose only products are its
-    # tile's update, storing every chunk's E (1024 B per token and head, after the chunk gradients' peak) for the
-    # chunk-parallel bwd_curvature_key; as one reverse pass with the in-chunk products inside it, 0.40 ms of ccq_gdn's
-    # 3.4 ms step (H200, run 86)
+    # The sums' adjoint: dC_t = -S_t q_t^T is summed from the end (the keys' share is an anti-causal linear attention
+    # with E = D + D^T). D = dC_final + the later dC_t couples no rows: a reverse pass of [BK, BV] tiles whose only
+    # products are its tile's update, storing every chunk's D (1024 B per token and head, after the chunk gradients'
+    # peak) for the chunk-parallel bwd_curvature_key, and ending at dC0 (a launch of its own before: it ran wherever C0
+    # had a gradient, under CP in every slice but the first). As one reverse pass carrying E with the in-chunk products
+    # inside it: 0.40 ms of ccq_gdn's 3.4 ms step (H200, run 86)
     if not p.find("curvature_query"):
         return None
     centered = _centered(p)
-    outs = (Operand("En_b", "[B,NT,H,dk,dk]", "fp32"),) + \
-        ((Operand("dmc_b", "[B,NT,H,dk]", "fp32"),) if centered else ()) + (Operand("dm0", "[N,H,dk]", "fp32"),)
-    form = "E_n = E before chunk n's terms, E = dC_final + dC_final^T; E -= S^T Q + Q^T S" + \
+    outs = (Operand("Dn_b", "[B,NT,H,dk,dk]", "fp32"),) + \
+        ((Operand("dmc_b", "[B,NT,H,dk]", "fp32"),) if centered else ()) + \
+        (Operand("dC0", "[N,H,dk,dk]", "fp32"), Operand("dm0", "[N,H,dk]", "fp32"))
+    form = "D_n = D before chunk n's terms, D = dC_final; D -= (S_hi + S_lo)^T Q; dC0 = D at the start" + \
         ("; dm_c before chunk n, dm_c = dm_final; dm_c += sum_t dm_t, dm_t = (S m^T q + q m^T S) / tau" if centered
          else "; dm0 = dm_final")
-    ins = ("S_hi", "dC_final", "dm_final") + (("S_lo", "ms") if centered else ())
+    ins = ("S_hi", "S_lo", "dC_final", "dm_final") + (("ms",) if centered else ())
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("sequential", "chunks, reversed"),
-                                          ("tiles", "BK rows x BV columns of E per sequence and key head"))
+                                          ("tiles", "BK rows x BV columns of D per sequence and key head"))
     if centered:
         attrs += (("reads", ("curvature_query.mq",)),)
     return Stage("bwd_curvature_carry", "bwd_curvature_carry", ins, outs, attrs)
@@ -1133,25 +1135,13 @@ def _bwd_curvature_key(p: Plan) -> Stage | None:
     if not p.find("curvature_query"):
         return None
     centered = _centered(p)
-    form = "dk_c = K E_n - triu(K Q^T) S - triu(K S^T) Q + dm_c" + \
+    form = "dk_c = K E_n - triu(K Q^T) S - triu(K S^T) Q + dm_c, E_n = D_n + D_n^T" + \
         (" + reverse cumsum of dm_t in the chunk" if centered else "")
-    ins = ("S_hi", "En_b") + (("S_lo", "ms", "dmc_b") if centered else ("dm_final",))
+    ins = ("S_hi", "Dn_b") + (("S_lo", "ms", "dmc_b") if centered else ("dm_final",))
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("tiles", "BV columns of E per chunk and key head"))
     if centered:
         attrs += (("reads", ("curvature_query.mq",)),)
     return Stage("bwd_curvature_key", "bwd_curvature_key", ins, (Operand("dk_c", "[B,T,H,dk]", "fp32"),), attrs)
-
-
-def _bwd_curvature_state(p: Plan) -> Stage | None:
-    # dC_0 = D at the start: a plain sum over the tokens, apart from the reverse pass (a second carry there spilled)
-    if not p.find("curvature_query"):
-        return None
-    # it serves only the initial state C's gradient: a training step from no initial state (the usual one) skips it,
-    # as FLA computes no dh0 without an h0 (0.16 ms of ccq_gdn's 3.9, H200 run 70)
-    return Stage("bwd_curvature_state", "bwd_curvature_state", ("S_hi", "S_lo", "dC_final"),
-                 (Operand("dC0", "[N,H,dk,dk]", "fp32"),),
-                 (("form", "dC0 = dC_final - sum_t S_t q_t^T"), ("sequential", "chunks"),
-                  ("tiles", "BV columns of dC0 per sequence and key head"), ("only_for_state", "C")))
 
 
 def _bwd_precond_diag(p: Plan) -> Stage | None:
@@ -1194,7 +1184,7 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "En_b", "dmc_b", "dY", "dSg", "dLg",
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY", "dSg", "dLg",
              "dbeta_c", "db_s", "db_l"}
     adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_sums(p), _bwd_curvature_query(p),
                              _bwd_curvature_carry(p), _bwd_curvature_key(p), _bwd_precond_diag(p), _bwd_precond_exact(p),
@@ -1213,7 +1203,7 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
     _bwd_local_values, _bwd_state_pass, _bwd_values, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_sums,
-    _bwd_curvature_query, _bwd_curvature_carry, _bwd_curvature_key, _bwd_curvature_state, _bwd_precond_diag, _bwd_precond_exact,
+    _bwd_curvature_query, _bwd_curvature_carry, _bwd_curvature_key, _bwd_precond_diag, _bwd_precond_exact,
     _bwd_precond_gram, _bwd_inputs,
 )
 
@@ -1245,8 +1235,7 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
 PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_solve": 1, "bwd_grads": 1,
             "bwd_curvature_sums": 2, "bwd_curvature_query": 2, "bwd_curvature_carry": 2, "bwd_curvature_key": 2,
-            "bwd_curvature_state": 2, "bwd_precond_diag": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2,
-            "bwd_inputs": 2}
+            "bwd_precond_diag": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
 PEAK_PHASE = 1
 
 # What rerunning a forward stage in the backward costs, cheapest first: evaluated on its consumers' tile loads (no

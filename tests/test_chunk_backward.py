@@ -158,9 +158,9 @@ def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) ->
     three blocks of 16 columns in two key blocks (the second padded), or two of 32 columns (the second padded) in one.
     dλ arrives as partial sums of bwd_curvature_query's column blocks, and q̂, the per-key-head shares of dq and dk,
     dC_0 and dm_0 meet the reference (grouped value heads, packed sequences cut inside chunks). The sums' state pass
-    and the keys' adjoint carry hold one [16, BV] tile each: three row blocks, the transposed share of dC_final read
-    as the tile [cols, rows] (a swapped index fails dk and dm_0)."""
-    stages = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key", "bwd_curvature_state")
+    and their adjoint's carry D hold one [16, BV] tile each: three row blocks; bwd_curvature_key forms E = D + Dᵀ from
+    D's tile and its transposed one (a swapped index fails dk)."""
+    stages = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
     overrides = {st: (BK, BV, 4, 1) for st in stages}
     overrides.update({st: (16, BV, 4, 1) for st in ("curvature_state", "bwd_curvature_carry")})
     check_gradients(name, T=150, H=1, HV=2, dk=48, dv=16, varlen=True, cuts=(45, 100), overrides=overrides)

@@ -33,7 +33,6 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
               "bwd_curvature_carry": "chunk_bwd_curvature_carry_kernel",
               "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
-              "bwd_curvature_state": "chunk_bwd_curvature_state_kernel",
               "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
               "bwd_precond_exact": "chunk_bwd_precond_exact_kernel", "bwd_precond_gram": "chunk_bwd_precond_gram_kernel",
               "bwd_inputs": "chunk_bwd_inputs_kernel"}
@@ -169,46 +168,9 @@ def test_memory_model_matches_the_kernels(name: str) -> None:
             assert (max(readers) >= PEAK_PHASE) == (m.last_read >= PEAK_PHASE), (m.kind, bufs, readers)
 
 
-@pytest.mark.parametrize("name", [s for s in CHUNK if s.startswith("ccq_")])
-def test_state_only_stages_follow_the_wanted_gradients(name: str) -> None:
-    """A backward stage that serves one initial state's gradient alone (the plan's only_for_state: CCQ's
-    bwd_curvature_state, dC0) is launched only where that gradient is asked for; every other gradient is bitwise the
-    same, and through the package an absent initial state asks for none."""
-    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
-    plan = build_plan(rec.ir, 64, 16)
-    bp = build_backward_plan(plan)
-    only = {st.kind: st.attr("only_for_state") for st in bp.stages if st.attr("only_for_state")}
-    assert only == {"bwd_curvature_state": "C"}
-    mod = load_chunk(rec.ir)
-    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
-    do = torch.randn(1, 130, 2, 16, generator=torch.Generator().manual_seed(1))
-    full = mod.chunk_backward(x, do=do)
-    bwd = [BWD_KERNEL[k] for k in bp.kinds()]
-    launched = _launched(mod, lambda: mod.chunk_backward(x, do=do, state_grads={"S", "m"}))
-    assert launched[-len(bwd) + 1:] == [k for k in bwd if k != "chunk_bwd_curvature_state_kernel"]
-    part = mod.chunk_backward(x, do=do, state_grads={"S", "m"})
-    assert "C" not in part[1] and "C" in full[1]
-    for n, g in full[0].items():
-        assert torch.equal(g, part[0][n]), n
-    for n, g in part[1].items():
-        assert torch.equal(g, full[1][n]), n
-    # through the package: without an initial state, the launch is skipped; with one that wants a gradient, it runs
-    import importlib
-
-    pkg = dgps.compile(rec)
-    chunk = importlib.import_module(pkg.__name__ + ".chunk")
-    xs = {k: v.clone().requires_grad_(True) for k, v in x.items()}
-    names = _launched(chunk, lambda: pkg.forward(**xs).o.backward(do))
-    assert "chunk_bwd_curvature_state_kernel" not in names and "chunk_bwd_curvature_query_kernel" in names
-    init = {"S": torch.zeros(1, 2, 16, 16), "C": torch.zeros(1, 2, 16, 16, requires_grad=True),
-            "m": torch.zeros(1, 2, 16), "n": torch.zeros(1)}
-    names = _launched(chunk, lambda: pkg.forward(**xs, initial_state=init).o.backward(do))
-    assert "chunk_bwd_curvature_state_kernel" in names
-
-
 @pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla_uncentered"])
 def test_curvature_carries_live_only_around_their_readers(name: str) -> None:
-    """The curvature sums' per-chunk tiles (C_n, the keys' adjoint carry E_n: dk² fp32 per chunk and key head) exist
+    """The curvature sums' per-chunk tiles (C_n, their adjoint's carry D_n: dk² fp32 per chunk and key head) exist
     only between the pass that stores them and the chunk-parallel pass that reads them: the training forward hands
     neither to the backward, and the backward allocates each right before its reverse-ordered producer
     (bwd_curvature_sums, bwd_curvature_carry), after the chunk gradients, and drops it after its reader."""
@@ -216,19 +178,19 @@ def test_curvature_carries_live_only_around_their_readers(name: str) -> None:
     mod = load_chunk(rec.ir)
     x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
     out, kept = mod.chunk_forward_train(x)
-    assert "cn_buf" not in mod._KEPT_BUFFERS and "en_buf" not in mod._KEPT_BUFFERS
+    assert "cn_buf" not in mod._KEPT_BUFFERS and "dn_buf" not in mod._KEPT_BUFFERS
     live: list[tuple[list[str], set[str]]] = []
     launch = mod._Run.launch
 
     def record(self, kernels):  # noqa: ANN001, ANN202
         live.append(([k[1].__name__ for k in kernels],
-                     {n for n in ("cn_buf", "en_buf") if n in self.bufs and self.bufs[n].numel() > 1}))
+                     {n for n in ("cn_buf", "dn_buf") if n in self.bufs and self.bufs[n].numel() > 1}))
 
     mod._Run.launch = record
     try:
         mod.chunk_backward(x, do=torch.randn_like(out.o), kept=kept)
     finally:
         mod._Run.launch = launch
-    where = {n: [k for names, bufs in live if n in bufs for k in names] for n in ("cn_buf", "en_buf")}
+    where = {n: [k for names, bufs in live if n in bufs for k in names] for n in ("cn_buf", "dn_buf")}
     assert where["cn_buf"] == ["chunk_curvature_state_kernel", "chunk_bwd_curvature_query_kernel"]
-    assert where["en_buf"] == ["chunk_bwd_curvature_carry_kernel", "chunk_bwd_curvature_key_kernel"]
+    assert where["dn_buf"] == ["chunk_bwd_curvature_carry_kernel", "chunk_bwd_curvature_key_kernel"]

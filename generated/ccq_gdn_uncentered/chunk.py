@@ -1443,16 +1443,17 @@ def chunk_bwd_curvature_query_kernel(
     b_PS = tl.where(m_le, b_PS, 0.)
     b_dq = -(b_SC + _mm(b_PS, b_kc, DT_ID))
     tl.store(aqc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dq, mask=m_rc)
-# ---- backward stage bwd_curvature_carry (docs/chunk_forms.md §4): the keys' adjoint carry, reverse over the chunks ----
-#   E = D + Dᵀ with D = dC_final + Σ_{later chunks} dC_t, dC_t = −S_t q_tᵀ: E −= Sᵀ Q + Qᵀ S per chunk couples no rows
-#   of E, so one program holds one [BK, BV] fp32 tile of it (BK rows × BV columns) for one sequence and key head,
-#   reverse over its chunks, and stores every chunk's E (before that chunk's own terms) for the chunk-parallel
-#   bwd_curvature_key. The update takes S rounded once (exact products
-#   there left dk unchanged).
+# ---- backward stage bwd_curvature_carry (docs/chunk_forms.md §4): the sums' adjoint carry, reverse over the chunks ----
+#   D = dC_final + Σ_{later chunks} dC_t, dC_t = −S_t q_tᵀ: D −= Sᵀ Q per chunk couples no rows of D, so one program
+#   holds one [BK, BV] fp32 tile of it (BK rows × BV columns) for one sequence and key head, reverse over its chunks,
+#   and stores every chunk's D (before that chunk's own terms) for the chunk-parallel bwd_curvature_key, which forms
+#   the keys' carry E = D + Dᵀ from two tiles of it; D at the sequence's start is dC_0. S enters as its two input-dtype halves (hi + lo, two bf16 products: dC_0's own share 3.3e-3 → 2.8e-3
+#   against one, bf16, T = 256, four seeds).
 @triton.jit
 def chunk_bwd_curvature_carry_kernel(
-    sh_buf, en_buf, dc_fin, dm_fin, dm0, pn_q, cu_seqlens, chunk_offsets, H: tl.constexpr, DK: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    sh_buf, sl_buf, dn_buf, dc_fin, dc0, dm_fin, dm0, pn_q, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_kb = tl.program_id(0) // tl.cdiv(DK, BV)
     i_c = tl.program_id(0) % tl.cdiv(DK, BV)
@@ -1468,9 +1469,7 @@ def chunk_bwd_curvature_carry_kernel(
     o_c = i_c * BV + tl.arange(0, BV)
     m_c = o_c < DK
     m_kc = m_k[:, None] & m_c[None, :]
-    # (dC_final + dC_finalᵀ)[rows, cols]: the transposed share read as the tile [cols, rows] of dC_final
-    b_E = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.) + \
-        tl.load(dc_fin + ((i_n * H + i_h) * DK + o_c[None, :]) * DK + o_k[:, None], mask=m_kc, other=0.)
+    b_D = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.)
     b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -1481,15 +1480,13 @@ def chunk_bwd_curvature_carry_kernel(
             rows = t0 + o_t
             m_r = o_t < eos - t0
             m_rc = m_r[:, None] & m_c[None, :]
-            p_en = en_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
-            tl.store(p_en + o_k[:, None] * DK + o_c[None, :], b_E, mask=m_kc)
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
+            p_dn = dn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_dn + o_k[:, None] * DK + o_c[None, :], b_D, mask=m_kc)
             _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_qc = _b_qc_q__raw
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            b_E -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
+            b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_D -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
 
             i_tc -= 1
     else:
@@ -1499,27 +1496,26 @@ def chunk_bwd_curvature_carry_kernel(
             rows = t0 + o_t
             m_r = o_t < eos - t0
             m_rc = m_r[:, None] & m_c[None, :]
-            p_en = en_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
-            tl.store(p_en + o_k[:, None] * DK + o_c[None, :], b_E, mask=m_kc)
-            _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_q = _b_q_q__raw
+            p_dn = dn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
+            tl.store(p_dn + o_k[:, None] * DK + o_c[None, :], b_D, mask=m_kc)
             _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
             b_qc = _b_qc_q__raw
-            b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-            b_E -= _mm(tl.trans(b_s), b_qc, DT_ID) + _mm(tl.trans(b_q), b_sc, DT_ID)
+            b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_D -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
 
+    tl.store(dc0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_D, mask=m_kc)
     if i_kb == 0:
         tl.store(dm0 + (i_n * H + i_h) * DK + o_c, b_dmc, mask=m_c)
 # ---- backward stage bwd_curvature_key (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns). The
 #   keys enter only through the prefix sums, whose adjoints are dC_t = −S_t q_tᵀ, S = Σ_hv (λ_hv/τ) dq̂_hv (bwd_curvature_query left it in the input dtype):
 #     dk_j = E k_j − Σ_{t≥j in chunk} (S_t (q_tᵀk_j) + q_t (S_tᵀk_j)) + dm_c,   E = D + Dᵀ
-#   with E (D = dC_final + Σ_{later chunks} dC_t) as bwd_curvature_carry left them
-#   per chunk: an anti-causal linear attention. The in-chunk terms are triu(K Qᵀ) S[:, cols] + triu(K Sᵀ) Q[:, cols]
+#   with D = dC_final + Σ_{later chunks} dC_t as bwd_curvature_carry left them per
+#   chunk (E's tile [rows, cols] is D's plus D's tile [cols, rows] read transposed): an anti-causal linear attention. The in-chunk terms are triu(K Qᵀ) S[:, cols] + triu(K Sᵀ) Q[:, cols]
 #   (formed as such: no transposed c×c tiles). Written per key head: the group's sum.
 @triton.jit
 def chunk_bwd_curvature_key_kernel(
-    sh_buf, en_buf, dm_fin, akc_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, DK: tl.constexpr,
+    sh_buf, dn_buf, dm_fin, akc_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, DK: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
@@ -1539,7 +1535,7 @@ def chunk_bwd_curvature_key_kernel(
     m_c = o_c < DK
     m_rc = m_r[:, None] & m_c[None, :]
     m_ge = o_t[:, None] <= o_t[None, :]
-    p_en = en_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
+    p_dn = dn_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
     _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
     b_qc = _b_qc_q__raw
     b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
@@ -1552,7 +1548,8 @@ def chunk_bwd_curvature_key_kernel(
     _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_k = _b_k_k
     b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-    b_E = tl.load(p_en + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
+        tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
     b_Pt = _mm(b_k, tl.trans(b_q), DT_ID)
     b_PSt = _mm(b_k, tl.trans(b_s), DT_ID)
     b_dk = _mm_split_b(b_k, b_E, DT_ID)
@@ -1565,7 +1562,8 @@ def chunk_bwd_curvature_key_kernel(
         _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_k = _b_k_k
         b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_E = tl.load(p_en + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
+            tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
         b_Pt += _mm(b_k, tl.trans(b_q), DT_ID)
         b_PSt += _mm(b_k, tl.trans(b_s), DT_ID)
         b_dk += _mm_split_b(b_k, b_E, DT_ID)
@@ -1573,92 +1571,6 @@ def chunk_bwd_curvature_key_kernel(
     b_dk -= _mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID)
     b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
     tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
-# ---- backward stage bwd_curvature_state (docs/chunk_forms.md §4): dC_0 = dC_final − Σ_t S_t q_tᵀ over the sequence --------
-#   per (sequence, key head, BV columns): a sum over every token, in chunk order, S as its two input-dtype halves
-#   (hi + lo: two bf16 products, about 16 mantissa bits of S; bf16, T = 256, four seeds: dC_0's own share 3.3e-3 →
-#   2.8e-3 against one). Its own launch: in the reverse pass this carry made the kernel spill at dk = 128.
-@triton.jit
-def chunk_bwd_curvature_state_kernel(
-    sh_buf, sl_buf, dc_fin, dc0, pn_q, cu_seqlens, H: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
-    i_c = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_kb = tl.arange(0, BK)
-    o_c = i_c * BV + tl.arange(0, BV)
-    m_c = o_c < DK
-    o_k = o_kb
-    m_k = o_k < DK
-    b_D0 = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :],
-                     other=0.)
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        b_D1 = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :],
-                         other=0.)
-
-    n_tc = tl.cdiv(eos - bos, BT)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_qc = _b_qc_q__raw
-            o_k = o_kb
-            m_k = o_k < DK
-            b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_D0 -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_D1 -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
-
-
-            i_tc += 1
-    else:
-        for i_tc in range(0, n_tc):
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = o_t < eos - t0
-            _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-            b_qc = _b_qc_q__raw
-            o_k = o_kb
-            m_k = o_k < DK
-            b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_D0 -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
-
-            if DK > 1 * BK:
-                o_k = 1 * BK + o_kb
-                m_k = o_k < DK
-                b_sh = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_sl = tl.load(sl_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_D1 -= _mm_hilo(tl.trans(b_sh), b_qc, tl.trans(b_sl), b_qc, DT_ID)
-
-
-    o_k = o_kb
-    m_k = o_k < DK
-    tl.store(dc0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_D0, mask=m_k[:, None] & m_c[None, :])
-
-    if DK > 1 * BK:
-        o_k = 1 * BK + o_kb
-        m_k = o_k < DK
-        tl.store(dc0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], b_D1, mask=m_k[:, None] & m_c[None, :])
-
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
 #   Parts: q = q; lg = g; beta = beta; a = k; qc = q; kc = k; lam = lam
@@ -1736,7 +1648,7 @@ _INPUTS = ["q", "k", "v", "g", "beta", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "en_buf", "dmc_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -1764,9 +1676,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_carry_kernel': ('sh_buf', 'en_buf', 'dc_fin', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_curvature_key_kernel': ('sh_buf', 'en_buf', 'dm_fin', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_state_kernel': ('sh_buf', 'sl_buf', 'dc_fin', 'dc0', 'pn_q', 'cu_seqlens', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_carry_kernel': ('sh_buf', 'sl_buf', 'dn_buf', 'dc_fin', 'dc0', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dn_buf', 'dm_fin', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG', 'NKC'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1946,9 +1857,7 @@ class _Run:
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "key_state":  # the curvature sums: one program per BV columns of C, sequence and key head
-                grid = (triton.cdiv(DK, BV), N * H)
-            elif kind == "key_state_tiles":  # and per [BK, BV] tile of C (its state pass: no term couples its rows)
+            elif kind == "key_state_tiles":  # the curvature sums' carries: per [BK, BV] tile (no term couples rows)
                 grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
             elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)
                 grid = (triton.cdiv(DK, BV), NT, H)
@@ -2234,10 +2143,6 @@ def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_s
     return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
-# backward launches that serve one initial state's gradient alone -> that state (compiler/plan.py: only_for_state)
-_STATE_ONLY = {"bwd_curvature_state": "C"}
-
-
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
@@ -2250,7 +2155,6 @@ def _bwd_kernels():
         ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk"),
         ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles"),
         ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_chunk"),
-        ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
@@ -2269,10 +2173,8 @@ def _cp_bwd_kernels():
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles", None),
         ("bwd_curvature_query", chunk_bwd_curvature_query_kernel, "key_chunk", None),
         ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles", "aux_first"),
-        ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state", "aux_first"),
         ("cp_aux", None, "hook", None),
         ("bwd_curvature_carry", chunk_bwd_curvature_carry_kernel, "key_state_tiles", "aux_again"),
-        ("bwd_curvature_state", chunk_bwd_curvature_state_kernel, "key_state", "aux_again"),
         ("bwd_curvature_key", chunk_bwd_curvature_key_kernel, "key_chunk", None),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
@@ -2391,18 +2293,14 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                   kept=None, state_grads=None):
+                   kept=None):
     """Gradients of `ccq_gdn_uncentered` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U, the curvature sums), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
     each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
-    `state_grads`: the initial states whose gradients the caller wants (None: every one); a stage that serves only
-    another state's gradient (_STATE_ONLY, the plan's only_for_state) is not launched, and that gradient not returned.
     """
     kernels = _bwd_kernels()
-    if state_grads is not None:
-        kernels = [k for k in kernels if k[0] not in _STATE_ONLY or _STATE_ONLY[k[0]] in state_grads]
     return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None)
 
 
@@ -2476,7 +2374,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dc0"] = (N * H * DK * DK, fp32)
     make["dm0"] = (N * H * DK, fp32)
     make.update(_curvature_sums(NT, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
-    make["en_buf"] = (NT * H * DK * DK, fp32)  # the keys' adjoint carry E at every chunk (bwd_curvature_carry)
+    make["dn_buf"] = (NT * H * DK * DK, fp32)  # the sums' adjoint carry D at every chunk (bwd_curvature_carry)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
@@ -2505,10 +2403,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         grads[n] = g
     grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
-    # the initial states whose gradient-only stages were left out (chunk_backward's state_grads)
-    skipped = {state for name, state in _STATE_ONLY.items() if name not in {k[0] for k in kernels}}
-    if "C" not in skipped:
-        dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
+    dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
     dstates["m"] = bufs["dm0"].reshape(N, H, DK)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n: g.to(initial_state[n].dtype) if n in initial_state else g for n, g in dstates.items()}

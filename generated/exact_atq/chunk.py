@@ -761,7 +761,7 @@ _INPUTS = ["q", "k", "v"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "en_buf", "dmc_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
             "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
@@ -921,9 +921,7 @@ class _Run:
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "key_state":  # the curvature sums: one program per BV columns of C, sequence and key head
-                grid = (triton.cdiv(DK, BV), N * H)
-            elif kind == "key_state_tiles":  # and per [BK, BV] tile of C (its state pass: no term couples its rows)
+            elif kind == "key_state_tiles":  # the curvature sums' carries: per [BK, BV] tile (no term couples rows)
                 grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
             elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)
                 grid = (triton.cdiv(DK, BV), NT, H)
@@ -1182,10 +1180,6 @@ def chunk_forward_cp(inputs, *, initial_state, continued, outgoing, transition_s
     return _result(run), ([run.bufs[n] for n in _KEPT_BUFFERS] if keep else []), dict(run.st)
 
 
-# backward launches that serve one initial state's gradient alone -> that state (compiler/plan.py: only_for_state)
-_STATE_ONLY = {}
-
-
 def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
@@ -1328,18 +1322,14 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                   kept=None, state_grads=None):
+                   kept=None):
     """Gradients of `exact_atq` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
     each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
-    `state_grads`: the initial states whose gradients the caller wants (None: every one); a stage that serves only
-    another state's gradient (_STATE_ONLY, the plan's only_for_state) is not launched, and that gradient not returned.
     """
     kernels = _bwd_kernels()
-    if state_grads is not None:
-        kernels = [k for k in kernels if k[0] not in _STATE_ONLY or _STATE_ONLY[k[0]] in state_grads]
     return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None)
 
 

@@ -79,13 +79,11 @@ def _backward_impl(
     kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
-    state_grads: set[str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(gradients of the inputs and params, gradients of the initial states the backward reaches; `state_grads`: the
-    initial states whose gradients are wanted, None for every one)."""
+    """(gradients of the inputs and params, gradients of the initial states the backward reaches)."""
     return chunk.chunk_backward(
         {"q": q, "k": k, "v": v, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None, state_grads=state_grads,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
 
     )
 
@@ -217,9 +215,7 @@ class _Eager(torch.autograd.Function):
         do = grads[0] if grads[0] is not None else torch.zeros_like(_output_likes(tensors)[0])
         d_states = {s: g for s, g in zip(STATES, grads[1:1 + len(STATES)], strict=True) if g is not None}
         d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-        # the initial states autograd wants gradients of (the zeros built for an absent initial state want none)
-        wanted = {s for s, need in zip(STATES, ctx.needs_input_grad[3 + len(INPUTS):], strict=True) if need}
-        g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale, wanted)
+        g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale)
         return (None, None, None, *(g_in[n] for n in INPUTS), *(g_state.get(s) for s in STATES))
 
 
