@@ -1215,7 +1215,7 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
         return None
     stages = tuple(st for rule in BACKWARD_RULES if (st := rule(plan)) is not None)
     memory = memory_model(plan, stages)
-    kept = tuple(m.kind for m in memory if not m.recompute)
+    kept = tuple(m.kind for m in memory if not m.recompute and m.reformed_by is None)
     recomputed = tuple(m.kind for m in memory if m.recompute)
     bp = BackwardPlan(plan.name, tuple(o.name for o in plan.inputs), recomputed, stages, kept,
                       sum(m.kept_bytes for m in memory), memory)
@@ -1268,7 +1268,8 @@ def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:
 class MemoryDecision:
     """What the backward does with one forward stage kind's outputs. kept: the operands a training forward returns
     for the backward (all of them per token or per chunk, priced by bytes_per_token); recompute: the backward reruns
-    the stage's launch instead; why: the rule that decided."""
+    the stage's launch instead; reformed_by: a backward stage forms the outputs again where it reads them (neither
+    kept nor rerun); why: the rule that decided."""
 
     kind: str
     cost: str
@@ -1276,6 +1277,7 @@ class MemoryDecision:
     recompute: bool
     why: str
     last_read: int
+    reformed_by: str | None = None
 
     @property
     def kept_bytes(self) -> int:
@@ -1355,7 +1357,7 @@ def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision,
             # a backward stage forms its outputs again where they are read (after the peak): neither kept nor rerun
             out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, False,
                                       f"{RECOMPUTE_COST[kind]}: formed again by {reformed[kind]} where it is read, "
-                                      "after the peak: not kept, not rerun", PEAK_PHASE + 1))
+                                      "after the peak: not kept, not rerun", PEAK_PHASE + 1, reformed[kind]))
             continue
         why = next((w for rule in MEMORY_RULES if (w := rule(plan, sts, rerun, read)) is not None), None)
         if why is not None:
@@ -1614,7 +1616,7 @@ def format_plan(plan: Plan) -> str:
                  + "; recomputes " + (", ".join(bp.recomputed) or "-"))
     lines.append(f"  memory model (B per token and head at dk = dv = 128; the peak: the {BACKWARD_PHASES[PEAK_PHASE]}):")
     for m in bp.memory:
-        action = "on loads" if m.cost == "loads" else "rerun" if m.recompute else "keep"
+        action = "on loads" if m.cost == "loads" else "rerun" if m.recompute else "again" if m.reformed_by else "keep"
         names = ", ".join(f"{o.name} {bytes_per_token(o)}" for o in m.kept) or "-"
         lines.append(f"    {action:<8} {m.kind:<16} {m.kept_bytes:>5} B  ({names})  {m.why}")
     for st in bp.stages:

@@ -170,7 +170,8 @@ def test_ccq_adds_curvature_query_feeding_the_output_query():
         assert p.graph.has_edge(cs, cq) and cs.outputs[0].shape == "[B,NT,H,dk,dk]"
         bp = build_backward_plan(p)
         assert bp is not None and "curvature_state" not in bp.recomputed
-        assert not next(m for m in bp.memory if m.kind == "curvature_state").kept
+        again = next(m for m in bp.memory if m.kind == "curvature_state")
+        assert not again.kept and again.reformed_by == "bwd_curvature_sums" and "curvature_state" not in bp.kept
         assert bp.kinds().index("bwd_curvature_sums") == bp.kinds().index("bwd_curvature_query") - 1
         # the write path is unchanged: nothing on it reads q̂ (vector decay: only the interaction's Q⋆A does)
         for s in p.stages():
