@@ -237,9 +237,9 @@ def chunk_curvature_state_kernel(
     o_c = i_c * BV + tl.arange(0, BV)
     m_c = o_c < DK
     m_kc = m_k[:, None] & m_c[None, :]
+    n_tc = tl.cdiv(eos - bos, BT)
     b_C = tl.load(c0 + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.)
     b_m = tl.load(m0 + (i_n * H + i_h) * DK + o_k, mask=m_k, other=0.)
-    n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = 0
@@ -1226,9 +1226,9 @@ def chunk_bwd_curvature_carry_kernel(
     o_c = i_c * BV + tl.arange(0, BV)
     m_c = o_c < DK
     m_kc = m_k[:, None] & m_c[None, :]
+    n_tc = tl.cdiv(eos - bos, BT)
     b_D = tl.load(dc_fin + ((i_n * H + i_h) * DK + o_k[:, None]) * DK + o_c[None, :], mask=m_kc, other=0.)
     b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
-    n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
         i_tc = n_tc - 1
