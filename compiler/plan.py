@@ -448,9 +448,11 @@ def rule_curvature_state(b: _Builder) -> None:
         return
     # the sums are an undecayed additive state pass whose value is the key (§4): C_(n+1) = C_n + K^T K couples no rows
     # of C, so one program per [BK, BV] tile of it, sequence and key head, sequential over the chunks, whose only product
-    # per chunk is its tile's K^T K. C_n of every chunk goes to memory in fp32 (1024 B per token and head at dk = 128),
-    # so that curvature_query, which holds the products, runs chunk-parallel: as one sequential pass with those products
-    # inside it (P = tril(Q K^T), Q C_n as split products, P K) it was 0.57 ms of ccq_gdn's 3.4 ms step (H200, run 86)
+    # per chunk is its tile's K^T K. C_n goes to memory in fp32 for every other chunk (512 B per token and head at
+    # dk = 128; an odd chunk's reader adds its predecessor's K^T K, the same product), so that curvature_query, which
+    # holds the products, runs chunk-parallel: as one sequential pass with those products inside it (P = tril(Q K^T),
+    # Q C_n as split products, P K) it was 0.57 ms of ccq_gdn's 3.4 ms step (H200, run 86). Every chunk's C_n put the
+    # forward's peak at 691 MiB (B = 4, T = 4096, H = 16, dk = 128; 435 before it; memory_trace.py), every other's at 566
     bind = {"k": b.op("in:k") or "k", "C0": "C0", "m0": "m0", "n0": "n0"}
     outs = [b.new("Cn", "[B,NT,H,dk,dk]", "fp32")]
     if b.ir.read.centered:
@@ -459,7 +461,7 @@ def rule_curvature_state(b: _Builder) -> None:
              b.new("n_final", "[N]", "fp32")]
     b.add("curvature_state", "curvature_state", bind, outs, sequential="chunks",
           tiles="BK rows x BV columns of C per sequence and key head",
-          form="C_(n+1) = C_n + K^T K; m_(n+1) = m_n + K^T 1; C_n (and m_n) of every chunk stored")
+          form="C_(n+1) = C_n + K^T K; m_(n+1) = m_n + K^T 1; C_n of every other chunk stored (m_n of every one)")
     b.outputs.update(C=b.roles["C_final"], m=b.roles["m_final"], n=b.roles["n_final"])
 
 

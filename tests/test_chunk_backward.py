@@ -167,6 +167,14 @@ def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) ->
 
 
 @pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla_uncentered"])
+def test_curvature_sums_every_other_chunk(name: str) -> None:
+    """C_n is stored for every other chunk of a sequence, at slot (first chunk + sequence) // 2 + n // 2, and an odd
+    chunk adds its predecessor's KᵀK: packed sequences of 3, 2 and 4 chunks (odd and even counts, odd first chunks:
+    a slot shared across two sequences fails it), with an initial state."""
+    check_gradients(name, T=400, H=1, HV=2, dk=16, dv=16, varlen=True, cuts=(130, 200))
+
+
+@pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla_uncentered"])
 def test_curvature_initial_sums_not_symmetric(name: str) -> None:
     """An initial C_0 that is not symmetric (the sums it continues are): the read is C_t q as the reference takes it, not
     C_tᵀ q, and the backward's C_tᵀ S, dC_0 and dλ follow. (The forward had formed C_tᵀ q: o 6.9e-2 and dλ 0.74 off.)"""

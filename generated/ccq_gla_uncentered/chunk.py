@@ -214,9 +214,9 @@ def chunk_cumsum_kernel(
 # ---- stage curvature_state (docs/chunk_forms.md §4): the carried sums C_n = Σ_{j<n's start} k_j k_jᵀ ---------------
 #   An undecayed additive state pass whose value is the key: C_{n+1} = C_n + Kᵀ K couples no rows of C, so each
 #   program holds one [BK, BV] tile (BK key rows × BV columns) of one sequence and key head, sequential over its
-#   chunks; its only product per chunk is that tile's Kᵀ K. Every chunk's C_n goes to memory in fp32 (the
-#   chunk-parallel curvature_query forms its products from it; the backward re-forms it the same way,
-#   bwd_curvature_sums).
+#   chunks; its only product per chunk is that tile's Kᵀ K. Every other chunk's C_n goes to memory in fp32, at slot
+#   (first chunk + sequence) // 2 + n // 2 (the chunk-parallel curvature_query reads it, and for an odd chunk adds its
+#   predecessor's KᵀK, this pass's product; the backward re-forms it the same way, bwd_curvature_sums).
 @triton.jit
 def chunk_curvature_state_kernel(
     c0, c_out, m0, m_out, cn_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr, DK: tl.constexpr,
@@ -247,8 +247,9 @@ def chunk_curvature_state_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
-            p_cn = cn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
-            tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
+            if i_tc % 2 == 0:
+                p_cn = cn_buf + (((c_first + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
+                tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_k = _b_k_k
             b_m += tl.sum(b_k.to(tl.float32), 0)
@@ -263,8 +264,9 @@ def chunk_curvature_state_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = o_t < eos - t0
-            p_cn = cn_buf + ((c_first + i_tc) * H + i_h).to(tl.int64) * DK * DK
-            tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
+            if i_tc % 2 == 0:
+                p_cn = cn_buf + (((c_first + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
+                tl.store(p_cn + o_k[:, None] * DK + o_c[None, :], b_C, mask=m_kc)
             _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_k = _b_k_k
             b_m += tl.sum(b_k.to(tl.float32), 0)
@@ -349,12 +351,17 @@ def chunk_curvature_query_kernel(
     o_c = i_cb * BV + tl.arange(0, BV)
     m_c = o_c < DK
     m_rc = m_r[:, None] & m_c[None, :]
+    p_cn = cn_buf + (((i_c - i_tc + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
+    odd = i_tc % 2 == 1
+    rows_p = rows - BT
+    m_p = (o_t < BT) & odd
     m_le = o_t[:, None] >= o_t[None, :]
-    p_cn = cn_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
     _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.).to(tl.float32)
     b_qc = _b_qc_q__raw
     _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
     b_kc = _b_kc_k
+    _b_kpc_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_c[None, :], mask=m_p[:, None] & m_c[None, :], other=0.)
+    b_kpc = _b_kpc_k
     # the key blocks: their share of the scores, of Q C_n (whole key rows)
     o_k = o_kb
     m_k = o_k < DK
@@ -365,6 +372,10 @@ def chunk_curvature_query_kernel(
     # the tile [key rows, cols] of C_nᵀ (C_n[cols, key rows], read transposed): rows of Q C_nᵀ are C_n q, which differs from
     # C_nᵀ q where an initial C_0 is not symmetric (the sums themselves are; the backward's S C_n takes C_n as stored)
     b_C = tl.load(p_cn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
+    if odd:  # C_n = C_{n-1} + K_{n-1}ᵀ K_{n-1} (symmetric: the same in C_nᵀ)
+        _b_kp_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.)
+        b_kp = _b_kp_k
+        b_C += _mm(tl.trans(b_kp), b_kpc, DT_ID)
     b_P = _mm(b_q, tl.trans(b_k), DT_ID)
     # C split into two input-dtype products: q̂ alone would not need it (λ·corr is a small share of q̂, which the output's
     # product rounds anyway), but the backward's dλ = −⟨dq̂, corr⟩ reads this corr (compiler/plan.py: rule_curvature_query)
@@ -380,6 +391,10 @@ def chunk_curvature_query_kernel(
         # the tile [key rows, cols] of C_nᵀ (C_n[cols, key rows], read transposed): rows of Q C_nᵀ are C_n q, which differs from
         # C_nᵀ q where an initial C_0 is not symmetric (the sums themselves are; the backward's S C_n takes C_n as stored)
         b_C = tl.load(p_cn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
+        if odd:  # C_n = C_{n-1} + K_{n-1}ᵀ K_{n-1} (symmetric: the same in C_nᵀ)
+            _b_kp_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.)
+            b_kp = _b_kp_k
+            b_C += _mm(tl.trans(b_kp), b_kpc, DT_ID)
         b_P += _mm(b_q, tl.trans(b_k), DT_ID)
         b_QC += _mm_split_b(b_q, b_C, DT_ID)
 
@@ -1145,10 +1160,15 @@ def chunk_bwd_curvature_query_kernel(
     o_c = i_cb * BV + tl.arange(0, BV)
     m_c = o_c < DK
     m_rc = m_r[:, None] & m_c[None, :]
+    p_cn = cn_buf + (((i_c - i_tc + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
+    odd = i_tc % 2 == 1
+    rows_p = rows - BT
+    m_p = (o_t < BT) & odd
     m_le = o_t[:, None] >= o_t[None, :]
-    p_cn = cn_buf + (i_c * H + i_h).to(tl.int64) * DK * DK
     _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
     b_kc = _b_kc_k
+    _b_kpc_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_c[None, :], mask=m_p[:, None] & m_c[None, :], other=0.)
+    b_kpc = _b_kpc_k
     b_tau = tl.load(n0 + i_n) + (i_tc * BT + o_t + 1).to(tl.float32)
     # corr as the forward formed it (kept for a training step: compiler/plan.py, rule_curvature_query)
     b_corr = tl.load(corr_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
@@ -1178,6 +1198,10 @@ def chunk_bwd_curvature_query_kernel(
     _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_k = _b_k_k
     b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+    if odd:  # C_n = C_{n-1} + K_{n-1}ᵀ K_{n-1}
+        _b_kp_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.)
+        b_kp = _b_kp_k
+        b_C += _mm(tl.trans(b_kp), b_kpc, DT_ID)
     b_PS = _mm(b_S, tl.trans(b_k), DT_ID)
     b_SC = _mm(b_S, b_C, DT_ID)
 
@@ -1194,6 +1218,10 @@ def chunk_bwd_curvature_query_kernel(
         _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_k = _b_k_k
         b_C = tl.load(p_cn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.)
+        if odd:  # C_n = C_{n-1} + K_{n-1}ᵀ K_{n-1}
+            _b_kp_k = tl.load(pn_k + (rows_p[:, None] * H + i_h) * DK + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.)
+            b_kp = _b_kp_k
+            b_C += _mm(tl.trans(b_kp), b_kpc, DT_ID)
         b_PS += _mm(b_S, tl.trans(b_k), DT_ID)
         b_SC += _mm(b_S, b_C, DT_ID)
 
@@ -1605,9 +1633,10 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     return b
 
 
-def _curvature_sums(NT, H, DK):
-    """name -> (numel, dtype) of the curvature sums at every chunk's start (curvature_state, bwd_curvature_sums)."""
-    b = {"cn_buf": (NT * H * DK * DK, torch.float32)}
+def _curvature_sums(NT, N, H, DK):
+    """name -> (numel, dtype) of the curvature sums at the chunks' starts (curvature_state, bwd_curvature_sums): C_n at
+    every other chunk of each sequence ((NT + N) // 2 + 1 slots bound them), m_n at every chunk."""
+    b = {"cn_buf": (((NT + N) // 2 + 1) * H * DK * DK, torch.float32)}
     return b
 
 
@@ -1693,7 +1722,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     # the curvature sums at every chunk's start, for curvature_query (the backward forms them again where it reads
     # them: bwd_curvature_sums); C_n is 268 MB at the reference shape
     if "cn_buf" in takes:
-        bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in _curvature_sums(NT, H, DK).items()})
+        bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in _curvature_sums(NT, N, H, DK).items()})
     # the backward's rerun of the forward has no output stage: no o
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
@@ -2077,7 +2106,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")
     make["dc0"] = (N * H * DK * DK, fp32)
     make["dm0"] = (N * H * DK, fp32)
-    make.update(_curvature_sums(NT, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
+    make.update(_curvature_sums(NT, N, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
     make["dn_buf"] = (NT * H * DK * DK, fp32)  # the sums' adjoint carry D at every chunk (bwd_curvature_carry)
     lasts = {}
     for n in _INPUTS:
