@@ -85,6 +85,7 @@ from ..compiler.plan import (
     build_plan,
     cp_stages,
     launch_of,
+    residual_solve,
     split_reverse_pass,
     stored_adjoints,
     tied_keys_of,
@@ -650,6 +651,9 @@ def _context(ir: IR) -> dict:
         # undecayed state S_{t-1}, else b_t
         row_exclusive=st.erase_reads == "undecayed",
         route=ir.route,
+        # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
+        # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
+        gain_cols=residual_solve(plan),
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),

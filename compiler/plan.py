@@ -503,6 +503,16 @@ def _q_read(b: _Builder) -> str:
     return b.op("q_read") or b.op("in:q") or "q"
 
 
+def residual_solve(p: Plan | _Builder) -> bool:
+    """The residual route of the scalar- or no-decay tied family takes the solve T₁ = (I + L' Diag(β))⁻¹ (β on L''s
+    columns, none on the right): by (I + Diag(β)L')⁻¹Diag(β) = Diag(β)(I + L'Diag(β))⁻¹, the state pass's
+    R = T₁Z − T₁(E ⊙ e^B)H_n is then the route r_t = v_t − S̄_tᵀk_t itself and U = β ⊙ R (the delta rule writes
+    u_t = β_t r_t), so the route costs a store, not the products Z − (E ⊙ e^B)H_n − L'U, and its backward enters
+    where β ⊙ dU does (V = β ⊙ dU + dR). No division: β = 0 keeps its r. Per-channel decay keeps the explicit form."""
+    s = p.structure if isinstance(p, Plan) else p.s
+    return p.family == "tied" and s.route == "residual" and s.decay != "vector"
+
+
 def _brow(b: _Builder) -> str | None:
     """The decay on the erase rows: b_t, or the exclusive b_{t-1} when the erase reads S_{t-1}."""
     return b.op("bx") or b.op("b")
@@ -565,9 +575,12 @@ def rule_triangular_solve(b: _Builder) -> None:
         return
     if b.family == "tied":
         # Ai is held in the input dtype (formed in fp32): it is read only as a matmul operand, rounded to it anyway
+        form = "(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1"
+        if residual_solve(b):
+            form = "(I + L Diag(beta))^-1" if b.op("beta") else "(I + L)^-1"
         b.add("triangular_solve", "triangular_solve", {"L": b.op("L"), "beta": b.op("beta")},
-              [b.new("Tm", MATRIX, "in")], family="tied",
-              form="(I + Diag(beta) L)^-1 Diag(beta)" if b.op("beta") else "(I + L)^-1",
+              [b.new("Tm", MATRIX, "in")], family="tied", form=form,
+              gain="columns" if residual_solve(b) else None,
               fused="interaction")  # the 16×16 blocks of L' never leave registers
     else:
         b.add("triangular_solve", "triangular_solve", {"L": b.op("Aef")}, [b.new("Tm", MATRIX, "in")],
@@ -639,7 +652,11 @@ def rule_state_pass(b: _Builder) -> None:
         bind[f"K{i}"] = k
         bind[f"V{i}"] = None if v == b.op("U") else v
     bind.update(b=b.op("b"), S0="S0")
-    if b.s.route == "residual":
+    if residual_solve(b):
+        bind.update(beta=b.op("beta"))  # R = Ut - W H_n is the route, U = beta R (U = R without a gain)
+        outs.append(b.new("r", "[B,T,HV,dv]", "in"))
+        b.outputs["route"] = outs[-1].name
+    elif b.s.route == "residual":
         bind.update(Z=b.op("z"), E=b.op("ke"), L=b.op("L"), brow=_brow(b))
         outs.append(b.new("r", "[B,T,HV,dv]", "in"))
         b.outputs["route"] = outs[-1].name
@@ -648,8 +665,11 @@ def rule_state_pass(b: _Builder) -> None:
     split = b.family == "additive" and b.s.route == "none"
     b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
           keys_decayed=bool(b.op("Kg")) or None, route=b.s.route, sequential="chunks",
+          route_form="solve" if residual_solve(b) else None,
           key_blocks="split when alone" if split else None,
-          form=("" if b.family == "additive" else "U = Ut - W H_n; ") + "H_(n+1) = e^(b_c) H_n + sum " +
+          form=("" if b.family == "additive" else
+                "R = Ut - W H_n (the route r; stored for U), U = beta R; " if residual_solve(b) else "U = Ut - W H_n; ") +
+          "H_(n+1) = e^(b_c) H_n + sum " +
           ("Kg^T V" if b.op("Kg") else "(K e^(b_c-B))^T V"))
     b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]
     if b.s.route == "value":
@@ -708,7 +728,8 @@ def _output_in_state_pass(b: _Builder) -> bool:
     CCQ's q̂ is a pair in the input dtype (rule_curvature_query) whose rounded part is what the fused kernel's
     matmuls read: a 16-bit tile like gdn's, so its read is fused too."""
     plain_operands = b.s.precond == "none" and b.s.read in ("none", "curvature")
-    return b.s.decay != "vector" and b.family != "untied" and b.s.route != "residual" and plain_operands
+    route = b.s.route != "residual" or residual_solve(b)  # the solve's form makes R the state pass's own (a store)
+    return b.s.decay != "vector" and b.family != "untied" and route and plain_operands
 
 
 # Order is data dependence; each rule decides from the Structure whether its stage appears.
@@ -853,10 +874,10 @@ def _bwd_local_values(p: Plan) -> Stage | None:
     # sequential reverse pass only the products with dH.
     if split_reverse_pass(p):
         return None
-    ins = ("dO",) + (("dR",) if p.structure.route == "residual" else ())
-    reads = ("output.scores",) + (("interaction.L",) if p.structure.route == "residual" else ())
-    form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO" + \
-        (" - L'^T dR" if p.structure.route == "residual" else "")
+    explicit = p.structure.route == "residual" and not residual_solve(p)  # R's L'U term
+    ins = ("dO",) + (("dR",) if explicit else ())
+    reads = ("output.scores",) + (("interaction.L",) if explicit else ())
+    form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO" + (" - L'^T dR" if explicit else "")
     return Stage("bwd_local_values", "bwd_local_values", ins, (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
                  (("form", form), ("reads", reads)))
 
@@ -890,8 +911,8 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
          if kg else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
-        (" - W^T dU" if p.family != "additive" else "") + \
-        (" - (E e^B)^T dR" if p.structure.route == "residual" else "")
+        (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "") + \
+        (" - (E e^B)^T dR" if p.structure.route == "residual" and not residual_solve(p) else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
@@ -992,9 +1013,9 @@ def _bwd_solve(p: Plan) -> Stage | None:
     # go in fp32, added by bwd_grads' first key block. bwd_grads then reads dY where it read dU.
     if not _solve_split(p):
         return None
-    residual = p.structure.route == "residual"
+    residual = p.structure.route == "residual" and not residual_solve(p)  # R's explicit form, with its own terms
     decays = p.structure.decay != "none"
-    reads_l = residual  # the residual route keeps L' for the output; otherwise it is re-formed from the keys here
+    reads_l = residual  # the explicit residual route keeps L' for the output; otherwise it is re-formed from the keys
     outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
             Operand("dbeta_c", "[B,T,HV]", "fp32")]
     if decays:
@@ -1004,7 +1025,11 @@ def _bwd_solve(p: Plan) -> Stage | None:
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
     form = "dS = scale mask(dO U^T); dY = Ai^T dU, dZ = beta dY" + (" + dR" if p.structure.route != "none" else "") + \
         ", dM = -dY U^T, dL' = beta dM" + (" - mask(dR U^T)" if residual else "") + \
-        "; dbeta_c = sum dY Z + sum dM L'" + ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
+        "; dbeta_c = sum dY Z + sum dM L'"
+    if residual_solve(p):  # T = (I + L' Diag(beta))^-1, U = beta R (R stored)
+        form = "dS = scale mask(dO U^T); dY = T^T (beta dU + dR), dZ = dY, dN = -dY R^T, dL' = dN Diag(beta)" + \
+            "; dbeta_c = sum dU R + column sums of dN L'"
+    form += ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
         "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
         "; dY, dSg, dLg in the input dtype"
     reads = ("state_pass.U", "triangular_solve.Tm") + (("interaction.L",) if reads_l else ()) + \
@@ -1060,7 +1085,8 @@ def _bwd_grads(p: Plan) -> Stage | None:
         # per-token adjoints never go to memory
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine)),)
     ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
-        (("dR",) if p.structure.route == "residual" or (p.structure.route != "none" and not split) else ())
+        (("dR",) if (p.structure.route == "residual" and not residual_solve(p)) or
+         (p.structure.route != "none" and not split) else ())
     if vec:
         ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())

@@ -400,7 +400,10 @@ def run_triangular_solve(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[s
         c = e - s
         eye = torch.eye(c, dtype=DTYPE)
         if st.attr("family") == "tied":
-            if beta is not None:
+            if beta is not None and st.attr("gain") == "columns":  # (I + L Diag(β))⁻¹ (compiler/plan.py: residual_solve)
+                bc = _chunk(beta, s, e, ctx.T)  # [B, HV, c, 1]
+                M, rhs = eye + L * bc.mT, eye.expand_as(L)
+            elif beta is not None:
                 bc = _chunk(beta, s, e, ctx.T)  # [B, HV, c, 1]
                 M = eye + bc * L
                 rhs = torch.diag_embed(bc.squeeze(-1))
@@ -452,7 +455,8 @@ def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Va
     H = vals["S0"]
     assert isinstance(H, torch.Tensor)
     residual = st.attr("route") == "residual"
-    roles = ["W", "Ut", "b", "Z", "E", "brow"] + [f"K{i}" for i in range(len(streams))] + \
+    solved = st.attr("route_form") == "solve"  # the residual route through the solve's form: R = Ũ − W H_n, U = β R
+    roles = ["W", "Ut", "b", "Z", "E", "brow", "beta"] + [f"K{i}" for i in range(len(streams))] + \
             [f"V{i}" for i in range(len(streams))]
     Hs, Us, Rs = [], [], []
     for n, _, _, x in _chunks_of(ctx, vals, st, *roles):
@@ -460,8 +464,11 @@ def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Va
         U = None
         if fam != "additive":
             U = x["Ut"] - x["W"] @ H  # type: ignore[operator]
+            if solved:
+                Rs.append(U)
+                U = U if x["beta"] is None else x["beta"] * U
             Us.append(U)
-        if residual:
+        if residual and not solved:
             Ed = x["E"] * _exp_or_one(x["brow"])  # type: ignore[operator]
             L = vals[st.role("L")][n]  # type: ignore[index]
             Rs.append(x["Z"].expand(*Ed.shape[:-1], ctx.dv) - Ed @ H - L @ U)  # type: ignore[union-attr, operator]

@@ -112,22 +112,27 @@ def test_delta_family_plans_have_interaction_solve_wy():
     assert _shape(plan("gdn")) == _shape(plan("clvr_gdn"))
     gdn_stages, gdn_edges = _shape(plan("gdn"))
     cler_stages, cler_edges = _shape(plan("cler_h_gdn"))
-    assert cler_stages == gdn_stages and cler_edges - gdn_edges == {("interaction", "state_pass")}  # L' for R
+    # the scalar-decay residual route's R is the state pass's own (residual_solve): gdn's graph; per-channel decay keeps
+    # R = Z − (E ⊙ e^B) H_n − L'U, whose L' the state pass reads
+    assert cler_stages == gdn_stages and cler_edges == gdn_edges
+    kda_stages, kda_edges = _shape(plan("kda"))
+    cler_stages, cler_edges = _shape(plan("cler_h_kda"))
+    assert ("interaction", "state_pass") in cler_edges - kda_edges  # (cler_h_kda also normalises q, k)
     assert Counter(plan("gdn_fused_gate").kinds()) - Counter(plan("gdn").kinds()) == Counter(gates=1)
     assert plan("kda").stage("interaction").attr("subchunk") and not plan("gdn").stage("interaction").attr("subchunk")
 
 
 @pytest.mark.parametrize("name", SPECS)
 def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
-    """Scalar or no decay, one write stream, no residual route, 16-bit query and write key (CCQ's q̂ is read as the
-    16-bit half of its pair): the output is fused into the state pass's launch (H_n stays in registers); per-channel
-    decay, the untied DPLR family, the residual route and a fp32 k̃ / q̂ (PDN, exact preconditioner: NaN on sm_90
-    under Triton 3.6) keep two launches."""
+    """Scalar or no decay, one write stream, 16-bit query and write key (CCQ's q̂ is read as the 16-bit half of its
+    pair): the output is fused into the state pass's launch (H_n stays in registers), the residual route too (its R is
+    the state pass's own, compiler/plan.py: residual_solve); per-channel decay, the untied DPLR family and a fp32 k̃ / q̂
+    (PDN, exact preconditioner: NaN on sm_90 under Triton 3.6) keep two launches."""
     from dgps.compiler.plan import build_backward_plan, launch_of
 
     p = plan(name)
     fused = name in {"clvr_gdn", "deltanet", "gdn", "gdn_fused_gate", "la", "longhorn", "mamba2", "retnet", "simple_gla",
-                     "ccq_gdn", "ccq_gdn_uncentered"}
+                     "ccq_gdn", "ccq_gdn_uncentered", "cler_h_gdn"}
     assert (p.stage("output").attr("fused") == "state_pass") == fused, name
     assert launch_of(p.stage("output")) == ("state_pass" if fused else "output")
     assert ("fused=state_pass" in format_plan(p)) == fused

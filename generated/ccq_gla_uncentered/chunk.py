@@ -354,7 +354,7 @@ def chunk_curvature_query_kernel(
     p_cn = cn_buf + (((i_c - i_tc + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
     odd = i_tc % 2 == 1
     rows_p = rows - BT
-    m_p = (o_t < BT) & odd
+    m_p = o_t + (i_tc % 2) * BT >= BT  # all rows of an odd chunk's predecessor, none of an even one's
     m_le = o_t[:, None] >= o_t[None, :]
     _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.).to(tl.float32)
     b_qc = _b_qc_q__raw
@@ -1163,7 +1163,7 @@ def chunk_bwd_curvature_query_kernel(
     p_cn = cn_buf + (((i_c - i_tc + i_n) // 2 + i_tc // 2) * H + i_h).to(tl.int64) * DK * DK
     odd = i_tc % 2 == 1
     rows_p = rows - BT
-    m_p = (o_t < BT) & odd
+    m_p = o_t + (i_tc % 2) * BT >= BT  # all rows of an odd chunk's predecessor, none of an even one's
     m_le = o_t[:, None] >= o_t[None, :]
     _b_kc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
     b_kc = _b_kc_k

@@ -208,8 +208,8 @@ def chunk_cumsum_kernel(
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, g_buf, t_buf, l_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, g_buf, t_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -300,32 +300,15 @@ def chunk_interaction_kernel(
     L3_2 = L3_2 * tl.exp2(tl.minimum(bg3[:, None] - bg2[None, :], 0.))
     L3_3 = L3_3 * tl.exp2(tl.minimum(bg3[:, None] - bg3[None, :], 0.))
     L3_3 = tl.where(m_lo, L3_3, 0.)
-    # store L' (the residual route reads it, and the backward where its plan says so)
-    if True:
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L0_0, mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb0[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb0[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L1_0, mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L1_1, mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-        tl.store(l_buf + (rb1[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb1[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L2_0, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L2_1, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], L2_2, mask=mb2[:, None])
-        tl.store(l_buf + (rb2[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32), mask=mb2[:, None])
-        tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], L3_0, mask=mb3[:, None])
-        tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], L3_1, mask=mb3[:, None])
-        tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], L3_2, mask=mb3[:, None])
-        tl.store(l_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], L3_3, mask=mb3[:, None])
-    # -- triangular_solve: diagonal blocks (I + Diag(β)L'_II)⁻¹ by forward substitution (4 independent chains)
-    nb0 = -beta0[:, None] * L0_0
+    # -- triangular_solve: diagonal blocks (I + L'_II Diag(β))⁻¹ by forward substitution (4 independent chains): β on
+    #    L''s columns (compiler/plan.py: residual_solve)
+    nb0 = -L0_0 * beta0[None, :]
     ai0_0 = eye
-    nb1 = -beta1[:, None] * L1_1
+    nb1 = -L1_1 * beta1[None, :]
     ai1_1 = eye
-    nb2 = -beta2[:, None] * L2_2
+    nb2 = -L2_2 * beta2[None, :]
     ai2_2 = eye
-    nb3 = -beta3[:, None] * L3_3
+    nb3 = -L3_3 * beta3[None, :]
     ai3_3 = eye
     for i in range(1, BC):  # one loop per block: interleaving the four chains made sm_90 spill
         sel = (o_c == i)[:, None]
@@ -345,19 +328,19 @@ def chunk_interaction_kernel(
         ai3_3 = tl.where(sel, ai3_3 + tl.sum(row[:, None] * ai3_3, 0)[None, :], ai3_3)
     # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ, on tensor cores with tf32 operands for 16-bit
     #    inputs (as FLA's merge does); the fp32 FMA products were about a third of the kernel's instructions
-    acc = _mm_tf32(beta1[:, None] * L1_0, ai0_0, DT_ID)
+    acc = _mm_tf32(L1_0 * beta0[None, :], ai0_0, DT_ID)
     ai1_0 = -_mm_tf32(ai1_1, acc, DT_ID)
-    acc = _mm_tf32(beta2[:, None] * L2_1, ai1_1, DT_ID)
+    acc = _mm_tf32(L2_1 * beta1[None, :], ai1_1, DT_ID)
     ai2_1 = -_mm_tf32(ai2_2, acc, DT_ID)
-    acc = _mm_tf32(beta2[:, None] * L2_0, ai0_0, DT_ID) + _mm_tf32(beta2[:, None] * L2_1, ai1_0, DT_ID)
+    acc = _mm_tf32(L2_0 * beta0[None, :], ai0_0, DT_ID) + _mm_tf32(L2_1 * beta1[None, :], ai1_0, DT_ID)
     ai2_0 = -_mm_tf32(ai2_2, acc, DT_ID)
-    acc = _mm_tf32(beta3[:, None] * L3_2, ai2_2, DT_ID)
+    acc = _mm_tf32(L3_2 * beta2[None, :], ai2_2, DT_ID)
     ai3_2 = -_mm_tf32(ai3_3, acc, DT_ID)
-    acc = _mm_tf32(beta3[:, None] * L3_1, ai1_1, DT_ID) + _mm_tf32(beta3[:, None] * L3_2, ai2_1, DT_ID)
+    acc = _mm_tf32(L3_1 * beta1[None, :], ai1_1, DT_ID) + _mm_tf32(L3_2 * beta2[None, :], ai2_1, DT_ID)
     ai3_1 = -_mm_tf32(ai3_3, acc, DT_ID)
-    acc = _mm_tf32(beta3[:, None] * L3_0, ai0_0, DT_ID) + _mm_tf32(beta3[:, None] * L3_1, ai1_0, DT_ID) + _mm_tf32(beta3[:, None] * L3_2, ai2_0, DT_ID)
+    acc = _mm_tf32(L3_0 * beta0[None, :], ai0_0, DT_ID) + _mm_tf32(L3_1 * beta1[None, :], ai1_0, DT_ID) + _mm_tf32(L3_2 * beta2[None, :], ai2_0, DT_ID)
     ai3_0 = -_mm_tf32(ai3_3, acc, DT_ID)
-    # Ai = (I + Diag(β)L')⁻¹, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
+    # T = (I + L' Diag(β))⁻¹, zero above the diagonal (no β in wy: the state pass applies it to R)
     tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai0_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb0[:, None])
     tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
     tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
@@ -378,7 +361,7 @@ def chunk_interaction_kernel(
 # ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
 @triton.jit
 def chunk_wy_kernel(
-    p_v, p_beta, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    p_v, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -396,10 +379,9 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
-    b_beta = _b_beta_beta
+    # the residual route's solve form: T carries no β (the state pass applies it to R)
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-    b_eg = b_beta * tl.exp2(b_g)
+    b_eg = tl.exp2(b_g)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
@@ -414,15 +396,196 @@ def chunk_wy_kernel(
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
-        b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
+        b_u = _mm(b_T, b_z, DT_ID)
         tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
+# ---- stages state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
+#   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
+#     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = Ũ − W H_n;  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
+#     O = scale [e^B ⊙ (Q̂ H_n) + S U]
+#   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
+#   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
+#   state pass holds it. Rounding as in the two launches it replaces: the matmuls round H_n and U to the input dtype
+#   where the state pass stored them, and O is rounded once, when stored.
+@triton.jit
+def chunk_state_output_kernel(
+    p_beta, g_buf, w_buf, u_buf, o_buf, r_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_kb = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_le = o_t[:, None] >= o_t[None, :]
+    o_k = o_kb
+    m_k = o_k < DK
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = 0
+        while i_tc < n_tc:
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
+            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q0 = _b_q0_q
+            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a0 = _b_a0_k
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
+            b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q1 = _b_q1_q
+                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a1 = _b_a1_k
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
+                b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
+
+            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
+            # rounds to it there anyway (the same values in a 16-bit tile)
+            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
+            # the residual route through the solve's form: R = Ũ − W H_n is the route itself; U = β ⊙ R
+            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_u = b_u * b_beta[:, None]
+            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
+            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            o_k = o_kb
+            m_k = o_k < DK
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
+
+            b_o = b_o * tl.exp2(b_g)[:, None]
+            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+
+            i_tc += 1
+    else:
+        # a for loop, so that Triton software-pipelines the loads of the next chunk
+        for i_tc in range(0, n_tc):
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
+            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q0 = _b_q0_q
+            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a0 = _b_a0_k
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
+            b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q1 = _b_q1_q
+                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a1 = _b_a1_k
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
+                b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
+
+            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
+            # rounds to it there anyway (the same values in a 16-bit tile)
+            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
+            # the residual route through the solve's form: R = Ũ − W H_n is the route itself; U = β ⊙ R
+            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_u = b_u * b_beta[:, None]
+            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
+            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            o_k = o_kb
+            m_k = o_k < DK
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
+
+            b_o = b_o * tl.exp2(b_g)[:, None]
+            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+
+    if STORE_FINAL:
+        o_k = o_kb
+        m_k = o_k < DK
+        tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
+
+        if DK > 1 * BK:
+            o_k = 1 * BK + o_kb
+            m_k = o_k < DK
+            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
+
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
 #   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    p_beta, g_buf, w_buf, u_buf, h_buf, vn_buf, r_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -486,6 +649,12 @@ def chunk_state_pass_kernel(
 
             b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
+            # U = β ⊙ R (compiler/plan.py: residual_solve)
+            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_u = b_u * b_beta[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -544,6 +713,12 @@ def chunk_state_pass_kernel(
 
             b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
+            # U = β ⊙ R (compiler/plan.py: residual_solve)
+            tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_u = b_u * b_beta[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -575,10 +750,10 @@ def chunk_state_pass_kernel(
             m_k = o_k < DK
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
-# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U]; R = Z − (E ⊙ e^B) H_n − L'U ---------
+# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    p_v, g_buf, l_buf, h_buf, vn_buf, o_buf, r_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
+    p_beta, g_buf, h_buf, vn_buf, o_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -601,9 +776,12 @@ def chunk_output_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+    # the residual route through the solve's form: vn_buf holds R (the state pass stored the route); U = β ⊙ R
+    _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+    b_beta = _b_beta_beta
+    b_u = b_u * b_beta[:, None]
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_eh = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k], S += Q̂_k A_kᵀ
     for i_k in range(0, tl.cdiv(DK, BK)):
@@ -617,27 +795,18 @@ def chunk_output_kernel(
         b_a = _b_a_k
         b_o += _mm(b_q, b_h, DT_ID)
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
-        _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e = _b_e_k
-        b_e = b_e * tl.exp2(b_g)[:, None]
-        b_eh += _mm(b_e, b_h, DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-    _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_z = _b_z_v
-    b_l = tl.load(l_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
-    tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
-# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO − L'ᵀ dR, per chunk (no carried state) ---------
+# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    g_buf, l_buf, do_buf, dr_buf, dul_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    g_buf, do_buf, dul_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -672,19 +841,17 @@ def chunk_bwd_local_values_kernel(
     b_st = tl.where(m_ge, b_st * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
     b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    b_dr = tl.load(dr_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-    b_lt = tl.load(l_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
-    b_dul = b_dul - _mm(b_lt, b_dr, DT_ID)
     tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU − (E ⊙ e^B)ᵀ dR
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ(β ⊙ dU + dR)#   (the residual route through the solve's form, compiler/plan.py: residual_solve: U = β ⊙ R, R the route)
+
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, w_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets,
-    scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    p_beta, g_buf, w_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens,
+    chunk_offsets, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -747,6 +914,10 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
+            # the adjoint of R (U = β ⊙ R, and R is the route): what Wᵀ takes below
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_du = b_du * b_beta[:, None] + b_dr
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -757,10 +928,6 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_ek = _b_ek_k
-            b_ek = b_ek * tl.exp2(b_g)[:, None]
-            b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -772,10 +939,6 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                _b_ek_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_ek = _b_ek_k
-                b_ek = b_ek * tl.exp2(b_g)[:, None]
-                b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
 
             i_tc -= 1
@@ -816,6 +979,10 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
+            # the adjoint of R (U = β ⊙ R, and R is the route): what Wᵀ takes below
+            _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
+            b_beta = _b_beta_beta
+            b_du = b_du * b_beta[:, None] + b_dr
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -826,10 +993,6 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            _b_ek_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_ek = _b_ek_k
-            b_ek = b_ek * tl.exp2(b_g)[:, None]
-            b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -841,10 +1004,6 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                _b_ek_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_ek = _b_ek_k
-                b_ek = b_ek * tl.exp2(b_g)[:, None]
-                b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
 
     o_k = o_kb
@@ -860,17 +1019,20 @@ def chunk_bwd_state_kernel(
 #   One program per chunk and head, over the value channels once (not in every key block of bwd_grads). With
 #   M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
 #   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY + dR, dM = −dY Uᵀ (strictly lower),
-#   dL' = Diag(β) dM − mask(dR Uᵀ), and the shares of the per-token sums that need every key channel:
+#   dL' = Diag(β) dM, and the shares of the per-token sums that need every key channel:
 #   dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'; for db the row sums minus column sums of dS ⊙ S (S = Q̂ ⋆ A) and of dL' ⊙ L'
 #   (fp32: the bf16-operand pair products' q ⊙ dq − a ⊙ da would not cancel).
-#   L' is read back (the residual route keeps it); S is formed over the key channels in blocks of BK.
+#   L' and S are formed over the key channels in blocks of BK.
+#   The residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹ is stored,
+#   R = T V' is the route and U = β ⊙ R (vn_buf holds R). With the route's adjoint dR: dY = Tᵀ(β ⊙ dU + dR), dZ = dY,
+#   dN = −dY Rᵀ (N = L' Diag(β)), dL' = dN Diag(β), dβ_c = Σ_v dU ⊙ R + Σ_i dN ⊙ L' (columns: β_j scales L''s column j).
 #   bwd_grads reads dY and the pair gradients dS ⊙ Γ and dL' ⊙ Γ (Γ = e^{b_i − b_j}) ([T, HV, BT] rows) in the
 #   input dtype (its products round their operands to it anyway), and the per-token shares in fp32 (db's two
 #   apart: bwd_grads adds them in the fused kernel's order); the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
-    p_v, p_beta, g_buf, t_buf, l_buf, vn_buf, do_buf, dr_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dgs_buf,
-    dgl_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    p_beta, g_buf, t_buf, vn_buf, do_buf, dr_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dgs_buf, dgl_buf, dx_v,
+    pn_q, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -894,32 +1056,29 @@ def chunk_bwd_solve_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
-    b_dlr = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         m_rv = m_r[:, None] & m_v[None, :]
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_r = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_u = b_r * b_beta[:, None]
         b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = _b_z_v
-        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
-        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
-        tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
-        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
-        b_dz = b_dy * b_beta[:, None]
         b_dr = tl.load(dr_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_dz = b_dz + b_dr
-        b_dlr += _mm(b_dr, tl.trans(b_u), DT_ID)
+        b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
+        b_dy = _mm(tl.trans(b_ai), b_du * b_beta[:, None] + b_dr, DT_ID)
+        tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
+        b_dm += _mm(b_dy, tl.trans(b_r), DT_ID)
+        b_dyz += tl.sum(b_du * b_r, 1)
+        b_dz = b_dy
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
         g_v += b_dz
         tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_gam = tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
-    # the sums over every key channel: S = Q̂ ⋆ A, one block of BK key channels at a time
+    # the sums over every key channel: L' = E ⋆⁻ A and S = Q̂ ⋆ A, one block of BK key channels at a time
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    b_l = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
@@ -928,12 +1087,13 @@ def chunk_bwd_solve_kernel(
         _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = _b_q_q
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
-    b_l = tl.load(l_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+        b_e = b_a
+        b_l += _mm(b_e, tl.trans(b_a), DT_ID)
+    b_l = tl.where(m_lt, b_l * b_gam, 0.)
     b_ds = tl.where(m_le, b_ds * scale, 0.)
     b_dm = tl.where(m_lt, -b_dm, 0.)
-    tl.store(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
-    b_dl = b_dm * b_beta[:, None]
-    b_dl = b_dl - tl.where(m_lt, b_dlr, 0.)
+    tl.store(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), b_dyz + tl.sum(b_dm * b_l, 0), mask=m_r)
+    b_dl = b_dm * b_beta[None, :]
     b_s = tl.where(m_le, b_s * b_gam, 0.)
     tl.store(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_ds * b_s, 1) - tl.sum(b_ds * b_s, 0), mask=m_r)
     tl.store(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), tl.sum(b_dl * b_l, 1) - tl.sum(b_dl * b_l, 0), mask=m_r)
@@ -954,10 +1114,10 @@ def chunk_bwd_solve_kernel(
 #   dβ = Σ dY ⊙ V' + Σ dM ⊙ L' = bwd_solve's share − Σ_k (E ⊙ e^B) ⊙ dW.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_beta, g_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf,
-    dsg_buf, dlg_buf, dgs_buf, dgl_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, g_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf, dsg_buf,
+    dlg_buf, dgs_buf, dgl_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -977,7 +1137,6 @@ def chunk_bwd_grad_kernel(
     _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_beta = _b_beta_beta
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
-    b_der = tl.zeros([BT, BK], dtype=tl.float32)
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
@@ -991,14 +1150,13 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+        b_u = b_u * b_beta[:, None]  # vn_buf holds R, the route (compiler/plan.py: residual_solve): U = β ⊙ R
         b_dy = tl.load(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
         # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
-        b_dr = tl.load(dr_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_der += _mm(b_dr, tl.trans(b_h), DT_ID)
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
     # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
     # tiles)
@@ -1033,15 +1191,13 @@ def chunk_bwd_grad_kernel(
     b_da = _mm(tl.trans(b_dsg), b_q, DT_ID) + b_das
     b_e = b_a
     b_ef = b_e * b_eb
-    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_solve
-    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) - \
-        tl.sum(b_ef * b_dew, 1)
+    # dβ came whole from bwd_solve (Σ dU ⊙ R + Σ dN ⊙ L'): W = T(E ⊙ e^B) carries no β here
+    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.)
     # the interaction's pair gradient: bwd_solve's dL' ⊙ Γ (input dtype) against this block's keys
     b_dlg = tl.load(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_de = _mm(b_dlg, b_a, DT_ID)
     b_da += _mm(tl.trans(b_dlg), b_e, DT_ID)
     b_db += b_dbl
-    b_dew = b_dew * b_beta[:, None] + b_der
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
@@ -1134,14 +1290,15 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('p_v', 'g_buf', 'l_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('g_buf', 'l_buf', 'do_buf', 'dr_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_wy_kernel': ('p_v', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_output_kernel': ('p_beta', 'g_buf', 'w_buf', 'u_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_pass_kernel': ('p_beta', 'g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 'r_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('p_beta', 'g_buf', 'w_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_solve_kernel': ('p_beta', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1154,9 +1311,43 @@ def _kernels():
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
+        ("state_output", chunk_state_output_kernel, "state"),
+    ]
+
+
+def _unfused_kernels():
+    """The forward with the output in a launch of its own after the state pass (the plan's output stage,
+    `unfused_when`): for calls with few sequences × value heads on a GPU (_fuse_output)."""
+    return [
+        ("l2norm", chunk_l2norm_kernel, "rows"),
+        ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
+
+
+# DGPS_FUSE_OUTPUT=1 / 0: the output always / never inside the state pass's launch (tests, tuning); unset: per call
+FUSE_OUTPUT = {"1": True, "0": False}.get(os.environ.get("DGPS_FUSE_OUTPUT", ""))
+
+
+def _fuse_output(n_state, DV, device):
+    """Whether this call runs the output inside the state pass's launch. The fused kernel walks the output's c×c work
+    chunk by chunk in each state program; with few programs (few sequences × value heads: codegen/launch.py,
+    few_state_programs) SMs idle while they do, and the chunk-parallel output kernel after the state pass pays. A
+    question of SMs, so the interpreter keeps the plan's fused form."""
+    if FUSE_OUTPUT is not None:
+        return FUSE_OUTPUT
+    return device.type != "cuda" or not few_state_programs(n_state, DV)
+
+
+def _per_call(kernels, n_state, DV, device):
+    """`kernels` for this call: the fused state pass + output replaced by the two launches where _fuse_output says."""
+    if "state_output" not in (k[0] for k in kernels) or _fuse_output(n_state, DV, device):
+        return kernels
+    pair = [k for k in _unfused_kernels() if k[0] in ("state_pass", "output")]
+    return [x for k in kernels for x in (pair if k[0] == "state_output" else [k])]
 
 
 def _rerun_kernels(kept):
@@ -1177,7 +1368,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1314,7 +1505,6 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
-    b["l_buf"] = (TT * HV * BT, f32)
     return b
 
 
@@ -1372,6 +1562,8 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         lens = [T] * B
         cu, chunk_indices, chunk_offsets, NT = _uniform_layout(B, T, device)
     N = len(lens)
+    if per_call:
+        kernels = _per_call(kernels, N * HV, DV, device)
     st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
     st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
     HP = H if False else HV
@@ -1447,8 +1639,7 @@ def _cp_kernels():
             ("state_pass", chunk_state_pass_kernel, "state"),
         ],
         "final": [
-            ("state_pass", chunk_state_pass_kernel, "state"),
-            ("output", chunk_output_kernel, "output"),
+            ("state_output", chunk_state_output_kernel, "state"),
         ],
     }
 

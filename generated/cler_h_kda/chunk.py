@@ -1519,7 +1519,7 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
-    b["l_buf"] = (TT * HV * BT, f32)
+    b["l_buf"] = (TT * HV * BT, f32)  # the residual route's explicit form reads L'
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
     b["eg_buf"] = (TT * HV * DK, dt)
