@@ -914,10 +914,12 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # the adjoint of R (U = β ⊙ R, and R is the route): what Wᵀ takes below
+            # the adjoint of R (U = β ⊙ R, and R is the route) is β ⊙ dU + dR; Wᵀ takes its two parts in two products, dR
+            # (exact in the input dtype) unrounded: one product with their fp32 sum put dS_0 a quarter to a third further
+            # from the float64 value (bf16, T = 150, two seeds)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
             b_beta = _b_beta_beta
-            b_du = b_du * b_beta[:, None] + b_dr
+            b_du = b_du * b_beta[:, None]
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -927,8 +929,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
@@ -938,8 +939,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
             i_tc -= 1
     else:
@@ -979,10 +979,12 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
-            # the adjoint of R (U = β ⊙ R, and R is the route): what Wᵀ takes below
+            # the adjoint of R (U = β ⊙ R, and R is the route) is β ⊙ dU + dR; Wᵀ takes its two parts in two products, dR
+            # (exact in the input dtype) unrounded: one product with their fp32 sum put dS_0 a quarter to a third further
+            # from the float64 value (bf16, T = 150, two seeds)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
             b_beta = _b_beta_beta
-            b_du = b_du * b_beta[:, None] + b_dr
+            b_du = b_du * b_beta[:, None]
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -992,8 +994,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
@@ -1003,8 +1004,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
     o_k = o_kb
     m_k = o_k < DK
@@ -1053,6 +1053,7 @@ def chunk_bwd_solve_kernel(
     _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_beta = _b_beta_beta
     b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_ais = tl.where(m_lt, b_ai, 0.).to(b_ai.dtype)  # T − I
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
@@ -1066,7 +1067,9 @@ def chunk_bwd_solve_kernel(
         b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dr = tl.load(dr_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
-        b_dy = _mm(tl.trans(b_ai), b_du * b_beta[:, None] + b_dr, DT_ID)
+        # T is unit lower triangular: its identity applied in fp32 (dR reaches dZ unrounded, as in the explicit form)
+        b_v = b_du * b_beta[:, None] + b_dr
+        b_dy = b_v + _mm(tl.trans(b_ais), b_v, DT_ID)
         tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
         b_dm += _mm(b_dy, tl.trans(b_r), DT_ID)
         b_dyz += tl.sum(b_du * b_r, 1)
