@@ -715,11 +715,11 @@ def _output_in_state_pass(b: _Builder) -> bool:
     in registers) and the one write stream of the additive and tied families. Per-channel decay keeps two launches:
     its scores Q ⋆ A come from the interaction stage and its row operand Q ⊙ e^B from decay_keys, and its state pass
     already holds 234-255 registers at dk = 128, with no room for the output's [BT, BT] scores and [BT, BV]
-    accumulator. So do the untied DPLR family (two streams, and per-channel decay only) and the residual route, whose
-    R = Z − (E ⊙ e^B) H_n − L′U adds a third product with H_n and the fp32 L′ tile to every step: fused (E H_n with the
-    key blocks' reads of H_n, L′U after U), cler_h_gdn's kernel held 255 registers and 128 KB of shared memory at
-    dk = 128 (one program per SM, the double-buffered L′ tile) and took 0.663 ms on the H200 against 0.146 + 0.254 for
-    the two launches (run 65).
+    accumulator. So does the untied DPLR family (two streams, and per-channel decay only). The residual route is fused
+    in its solve form (residual_solve: R is the state pass's Ũ − W H_n, a store); in the explicit form,
+    R = Z − (E ⊙ e^B) H_n − L′U added a third product with H_n and the fp32 L′ tile to every step: fused, cler_h_gdn's
+    kernel held 255 registers and 128 KB of shared memory at dk = 128 and took 0.663 ms on the H200 against
+    0.146 + 0.254 for the two launches (run 65).
 
     And only where the query and write key are 16-bit tiles: with a fp32 k̃ (PDN, exact ATK) or q̂ (exact ATQ; CCQ's
     before it became a pair) tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the

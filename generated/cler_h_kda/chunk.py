@@ -868,7 +868,8 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)# E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
             b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
@@ -881,7 +882,8 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)# E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
                 b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
@@ -929,7 +931,8 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)# E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
             b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
             b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 
@@ -942,7 +945,8 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)# E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
                 b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
 

@@ -850,6 +850,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
@@ -860,6 +861,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
 
             i_tc -= 1
     else:
@@ -908,6 +910,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
             b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
+
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
@@ -918,6 +921,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
                 b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
+
 
     o_k = o_kb
     m_k = o_k < DK
