@@ -203,6 +203,38 @@ def test_curvature_initial_sums_not_symmetric(name: str) -> None:
         assert err <= TOL_FP32, f"{name} {n}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize(("name", "beta_scale"), [("cler_h_gdn", 1e-4), ("residual_no_gain", None)])
+def test_residual_route_solve_form(name: str, beta_scale: float | None) -> None:
+    """The residual route through the solve's form (docs/chunk_forms.md §8a: T = (I + L' Diag(β))⁻¹, R = Ũ − W H_n,
+    U = β ⊙ R): no division by β, so gains near zero and exactly zero keep the route and every gradient, dβ included;
+    without a gain R is U. Forward (o, the route, S) and the gradients of o, the route and S against float64."""
+    rec = load(name)
+    B, T, H, HV, dk, dv = 2, 150, 2, 2, 16, 16
+    dims = Dims(B, T, H, HV, dk, dv)
+    x = rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=2)
+    if beta_scale is not None:
+        x["beta"] = x["beta"] * beta_scale
+        x["beta"][:, 10:20] = 0.0
+    states = random_states(rec.ir, dims, B, 2)
+    gen = torch.Generator().manual_seed(3)
+    do, dr = torch.randn(B, T, HV, dv, generator=gen), torch.randn(B, T, HV, dv, generator=gen)
+    ds = torch.randn(states["S"].shape, generator=gen)
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    s64 = {k: v.double().requires_grad_() for k, v in states.items()}
+    ref = rec.reference(**x64, initial_state=s64, output_final_state=True)
+    loss = (ref.o * do.double()).sum() + (ref.route * dr.double()).sum() + (ref.final_state["S"] * ds.double()).sum()
+    want = torch.autograd.grad(loss, [*x64.values(), s64["S"]], allow_unused=True)
+    mod = load_chunk(rec.ir)
+    out = mod.chunk_forward(x, initial_state=states, output_final_state=True)
+    gx, gs = mod.chunk_backward(x, initial_state=states, do=do, d_route=dr, d_final_state={"S": ds})
+    pairs = [("o", out.o, ref.o), ("route", out.route, ref.route), ("S", out.final_state["S"], ref.final_state["S"])]
+    pairs += [(f"d{n}", g, w) for n, g, w in zip([*x64, "S0"], [*(gx[n] for n in x64), gs["S"]], want, strict=True)]
+    for n, g, w in pairs:
+        assert torch.isfinite(g).all(), f"{name} {n}: non-finite"
+        err = ((g.double() - w.detach()).norm() / w.norm().clamp_min(1e-30)).item()
+        assert err <= TOL_FP32, f"{name} {n}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("name", ["simple_gla", "gla", "mamba2"])
 def test_additive_state_passes_split_over_key_blocks(name: str) -> None:
     """The additive family's state passes hold one block of key rows per program (compiler/plan.py:
