@@ -23,11 +23,13 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     curvature_query   CCQ read [4], per chunk, in parallel: q̂ = q − λ corr from Cn, m_n -> read query qp (a pair)
     interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
                       untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
-    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β); untied: T = (I − E⋆⁻F)^{-1} (fused into the
+    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β) (the residual route, scalar or no decay:
+                      (I + L'Diag(β))^{-1}, residual_solve [8a]); untied: T = (I − E⋆⁻F)^{-1} (fused into the
                       interaction for both)
     wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
     decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B; residual route: E⊙e^B)
-    state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R
+    state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R (scalar or no decay:
+                      R = Ũ − W H_n, U = β R [8a]; per-channel decay: R = Z − (E⊙e^B)H_n − L'U in the output)
     output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s] (scalar or no decay: fused into the
                       state pass's launch, which then keeps H_n and U in registers)
 
