@@ -655,6 +655,7 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
+        explicit_route=ir.route == "residual" and not residual_solve(plan),  # R = Z − (E ⊙ e^B) H_n − L'U
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),
