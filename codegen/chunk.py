@@ -31,8 +31,8 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
     wy                   W = T(E⊙e^B), Ũ = T Z
     decay_keys           per-channel decay: A ⊙ e^{b_c − B} and Q̂ ⊙ e^B in the input dtype, for the state passes
     state_pass           sequential over chunks: H_n, U = Ũ − W H_n (delta) or βZ (additive)
-    output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual, per-channel decay:
-                         Z − (E⊙e^B)H_n − L'U; scalar or no decay: the state pass's R, docs/chunk_forms.md §8a)
+    output               O = scale[(Q̂⊙e^B)H_n + (Q̂⋆A)U], routes (value: Z; residual: the state pass's R,
+                         docs/chunk_forms.md §8a)
     state_pass + output  scalar or no decay: one launch (chunk_state_output.jinja), H_n and U kept in registers;
                          the backward's rerun of the state pass is the state pass's own kernel, which stores them
 
@@ -442,7 +442,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
         "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []) +
-                      (["eg_buf"] if ir.route == "residual" else []),
+                      (["eg_buf"] if ir.route == "residual" and not residual_solve(build_plan(ir, BT, BC)) else []),
     }.get(kind, [])
 
 

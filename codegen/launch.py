@@ -167,8 +167,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # bf16 kernel that faults on sm_90 (grouped heads, dk = 128)
         return max(bk_block, BK // 2), min(32, bv_full), 4, 2
     if name == "bwd_scores":
-        # one program per chunk and head holds the [BT, BT] score gradients and Ai (per-channel decay only)
-        return bk_block, bv_full, 4, 1
+        # one program per chunk and head holds the [BT, BT] score gradients and Ai (per-channel decay only). The residual
+        # route's solve form adds the route's adjoint and R to every value block: compile report (cler_h_kda, dk = dv =
+        # 128, sm_90) BV 64 / 4 warps 255 registers + 64 B spill, BV 32 / 4 warps 206 / 0 (not yet timed)
+        return bk_block, (min(32, bv_full) if route == "residual" else bv_full), 4, 1
     if name == "bwd_intra":
         # one program per 16-token row block and 32 key channels. H200, kda (benchmarks/tune.py, run 22): BK 32 / 2 warps
         # 1.50 ms, BK 64 / 4 warps / 2 stages 1.49, BK 32 / 4 warps 1.67 (stages change nothing); 152 registers, no spill

@@ -23,13 +23,12 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     curvature_query   CCQ read [4], per chunk, in parallel: q̂ = q − λ corr from Cn, m_n -> read query qp (a pair)
     interaction       intra-chunk decayed matrices [2,3]: tied L' = E⋆⁻A (one; the output forms Q⋆A);
                       untied DPLR four: E⋆⁻F, E⋆⁻W, Q⋆F, Q⋆W; none for additive
-    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β) (the residual route, scalar or no decay:
-                      (I + L'Diag(β))^{-1}, residual_solve [8a]); untied: T = (I − E⋆⁻F)^{-1} (fused into the
-                      interaction for both)
+    triangular_solve  tied: T = (I + Diag(β)L')^{-1} Diag(β) (the residual route: (I + L'Diag(β))^{-1},
+                      residual_solve [8a]); untied: T = (I − E⋆⁻F)^{-1} (fused into the interaction for both)
     wy                tied: W = T(E⊙e^B), Ũ = T Z;  untied: W = −T(E⊙e^B), Ũ = T (E⋆⁻W) V'
-    decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B; residual route: E⊙e^B)
-    state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route R (scalar or no decay:
-                      R = Ũ − W H_n, U = β R [8a]; per-channel decay: R = Z − (E⊙e^B)H_n − L'U in the output)
+    decay_keys        per-channel decay: A⊙e^{b_c−B}, Q⊙e^B (untied: F⊙e^{b_c−B}, W⊙e^{b_c−B}, Q⊙e^B)
+    state_pass        sequential over chunks: H_n, U = Ũ − W H_n, H_{n+1}; residual route: R = Ũ − W H_n the
+                      route, U = β R [8a]
     output            O = scale·[(Q'⊙e^B) H_n + Σ_streams (Q'⋆K_s) V_s] (scalar or no decay: fused into the
                       state pass's launch, which then keeps H_n and U in registers)
 
@@ -506,13 +505,13 @@ def _q_read(b: _Builder) -> str:
 
 
 def residual_solve(p: Plan | _Builder) -> bool:
-    """The residual route of the scalar- or no-decay tied family takes the solve T₁ = (I + L' Diag(β))⁻¹ (β on L''s
+    """The residual route of the tied family takes the solve T₁ = (I + L' Diag(β))⁻¹ (β on L''s
     columns, none on the right): by (I + Diag(β)L')⁻¹Diag(β) = Diag(β)(I + L'Diag(β))⁻¹, the state pass's
     R = T₁Z − T₁(E ⊙ e^B)H_n is then the route r_t = v_t − S̄_tᵀk_t itself and U = β ⊙ R (the delta rule writes
     u_t = β_t r_t), so the route costs a store, not the products Z − (E ⊙ e^B)H_n − L'U, and its backward enters
-    where β ⊙ dU does (V = β ⊙ dU + dR). No division: β = 0 keeps its r. Per-channel decay keeps the explicit form."""
+    where β ⊙ dU does (V = β ⊙ dU + dR). No division: β = 0 keeps its r."""
     s = p.structure if isinstance(p, Plan) else p.s
-    return p.family == "tied" and s.route == "residual" and s.decay != "vector"
+    return p.family == "tied" and s.route == "residual"
 
 
 def _brow(b: _Builder) -> str | None:
@@ -620,7 +619,7 @@ def rule_decay_keys(b: _Builder) -> None:
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
     bind = {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}
     form = "Kg = A e^(b_c - B), Qg = Q e^B"
-    if b.s.route == "residual":
+    if b.s.route == "residual" and not residual_solve(b):
         # the residual route's row operand E ⊙ e^B, read by the output (R = Z − (E ⊙ e^B) H_n − L′U) and by the reverse
         # state pass (dH_n −= (E ⊙ e^B)ᵀ dR): re-formed there from k and the fp32 b it cost cler_h_kda's reverse pass
         # 0.606 ms against kda's 0.248 (run 60; the fp32 b tiles, re-read by every value block)
@@ -909,7 +908,7 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
         ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) +
-         (("decay_keys.Eg",) if p.structure.route == "residual" else ())
+         (("decay_keys.Eg",) if p.structure.route == "residual" and not residual_solve(p) else ())
          if kg else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \

@@ -203,7 +203,8 @@ def test_curvature_initial_sums_not_symmetric(name: str) -> None:
         assert err <= TOL_FP32, f"{name} {n}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize(("name", "beta_scale"), [("cler_h_gdn", 1e-4), ("residual_no_gain", None)])
+@pytest.mark.parametrize(("name", "beta_scale"), [("cler_h_gdn", 1e-4), ("cler_h_kda", 1e-4),
+                                                 ("residual_no_gain", None)])
 def test_residual_route_solve_form(name: str, beta_scale: float | None) -> None:
     """The residual route through the solve's form (docs/chunk_forms.md §8a: T = (I + L' Diag(β))⁻¹, R = Ũ − W H_n,
     U = β ⊙ R): no division by β, so gains near zero and exactly zero keep the route and every gradient, dβ included;

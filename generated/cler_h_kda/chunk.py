@@ -231,9 +231,9 @@ def chunk_cumsum_kernel(
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, eg_buf, pn_q, pn_k, cu_seqlens, chunk_indices,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BK: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DT_ID: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -328,9 +328,6 @@ def chunk_interaction_kernel(
                      _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
                      _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
-            # and the residual route's row operand Eg = E ⊙ e^B (the output and the reverse state pass read it)
-            tl.store(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                     _cast_for(b_e * tl.exp2(b_g), eg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             d_dn = tl.exp2(b_g)
             a_up = tl.trans(b_a * tl.exp2(-b_g))
             L_f += _mm_tf32(b_e * d_dn, a_up, DT_ID)
@@ -338,7 +335,7 @@ def chunk_interaction_kernel(
         tl.store(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_le, S_f, 0.), s_buf, DT_ID),
                  mask=m_r[:, None])
         L_f = tl.where(o_t[:, None] > o_t[None, :], L_f, 0.)
-        if True:
+        if KEEP:
             tl.store(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], L_f, mask=m_r[:, None])
         # the solve's blocks: the 4 diagonal ones, and per level s the (later half, earlier half) block of each
         # s-block, selected from L_f in registers
@@ -369,9 +366,6 @@ def chunk_interaction_kernel(
                      _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
                      _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
-            # and the residual route's row operand Eg = E ⊙ e^B (the output and the reverse state pass read it)
-            tl.store(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                     _cast_for(b_e * tl.exp2(b_g), eg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             # the t = j terms of S
             sd += tl.sum(b_q * b_a, 1)
             # the diagonal blocks: where every channel of this key block decays by at most 2^64 over each
@@ -472,7 +466,7 @@ def chunk_interaction_kernel(
         tl.store(s_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32).to(s_buf.dtype.element_ty),
                  mask=up_row64 < eos)
         # L' (the residual route and the per-channel decay's backward read it)
-        if True:
+        if KEEP:
             tl.store(l_buf + (d_row * HV + i_hv) * BT + d_col, Ld, mask=m_d)
             tl.store(l_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, L32, mask=lo_row32 < eos)
             tl.store(l_buf + (up_row32 * HV + i_hv) * BT + up_col32, tl.zeros([2, 16, 16], dtype=tl.float32),
@@ -480,10 +474,11 @@ def chunk_interaction_kernel(
             tl.store(l_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, L64, mask=lo_row64 < eos)
             tl.store(l_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32),
                      mask=up_row64 < eos)
-    # -- triangular_solve: (I + Diag(β)L')⁻¹, first the 4 diagonal blocks by forward substitution (batched)
+    # -- triangular_solve: (I + L'Diag(β))⁻¹ (β on L''s columns: compiler/plan.py residual_solve), first the 4
+    #    diagonal blocks by forward substitution (batched)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    nb = -tl.reshape(b_beta, [4, BC])[:, :, None] * Ld
+    nb = -Ld * tl.reshape(b_beta, [4, BC])[:, None, :]
     ai = tl.zeros([4, BC, BC], dtype=tl.float32) + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
     for i in range(1, BC):
         sel = (o_c == i)[None, :, None]
@@ -492,9 +487,9 @@ def chunk_interaction_kernel(
     tl.store(t_buf + (d_row * HV + i_hv) * BT + d_col, _round(ai, DT_ID).to(t_buf.dtype.element_ty), mask=m_d)
     # level 32: the inverses of the 16-token blocks, earlier (e_lo) and later (e_hi) halves of each 32-block
     e_lo, e_hi = tl.split(tl.permute(tl.reshape(ai, [2, 2, 16, 16]), (0, 2, 3, 1)))
-    _h_beta_beta = tl.load(p_beta + hr32 * HV + i_hv, mask=mh32, other=0.).to(tl.float32)
-    h_beta = tl.where(mh32, tl.zeros([32], dtype=tl.float32) + _h_beta_beta, 0.)
-    x_lo = -_mm_tf32(e_hi, _mm_tf32(tl.reshape(h_beta, [2, 16])[:, :, None] * L32, e_lo, DT_ID), DT_ID)
+    _l_beta_beta = tl.load(p_beta + lr32 * HV + i_hv, mask=ml32, other=0.).to(tl.float32)
+    l_beta = tl.where(ml32, tl.zeros([32], dtype=tl.float32) + _l_beta_beta, 0.)
+    x_lo = -_mm_tf32(e_hi, _mm_tf32(L32 * tl.reshape(l_beta, [2, 16])[:, None, :], e_lo, DT_ID), DT_ID)
     tl.store(t_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, _round(x_lo, DT_ID).to(t_buf.dtype.element_ty),
              mask=lo_row32 < eos)
     tl.store(t_buf + (up_row32 * HV + i_hv) * BT + up_col32, tl.zeros([2, 16, 16], dtype=t_buf.dtype.element_ty),
@@ -505,9 +500,9 @@ def chunk_interaction_kernel(
     ai = tl.reshape(tl.permute(tl.join(top, bot), (0, 3, 1, 2)), [2, 32, 32])
     # level 64: the inverses of the 32-token blocks, earlier (e_lo) and later (e_hi) halves of each 64-block
     e_lo, e_hi = tl.split(tl.permute(ai, (1, 2, 0)))
-    _h_beta_beta = tl.load(p_beta + hr64 * HV + i_hv, mask=mh64, other=0.).to(tl.float32)
-    h_beta = tl.where(mh64, tl.zeros([32], dtype=tl.float32) + _h_beta_beta, 0.)
-    x_lo = -_mm_tf32(e_hi, _mm_tf32(h_beta[:, None] * L64, e_lo, DT_ID), DT_ID)
+    _l_beta_beta = tl.load(p_beta + lr64 * HV + i_hv, mask=ml64, other=0.).to(tl.float32)
+    l_beta = tl.where(ml64, tl.zeros([32], dtype=tl.float32) + _l_beta_beta, 0.)
+    x_lo = -_mm_tf32(e_hi, _mm_tf32(L64 * l_beta[None, :], e_lo, DT_ID), DT_ID)
     tl.store(t_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, _round(x_lo, DT_ID).to(t_buf.dtype.element_ty),
              mask=lo_row64 < eos)
     tl.store(t_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=t_buf.dtype.element_ty),
@@ -515,7 +510,7 @@ def chunk_interaction_kernel(
 # ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
 @triton.jit
 def chunk_wy_kernel(
-    p_v, p_beta, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    p_v, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -533,9 +528,8 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_eg = b_beta
+    # the residual route's solve form: T carries no β (the state pass applies it to R)
+    b_eg = tl.full([BT], 1.0, dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
@@ -551,7 +545,9 @@ def chunk_wy_kernel(
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-        b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
+        # (T − I) Z: the state pass adds Z itself, unrounded (R = Z + (T − I)Z − W H_n; the route's error was 4 % higher
+        # with T Z stored whole, bf16)
+        b_u = _mm(tl.where(o_t[:, None] > o_t[None, :], b_T, 0.).to(b_T.dtype), b_z, DT_ID)
         tl.store(u_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_v[None, :])
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
@@ -559,9 +555,9 @@ def chunk_wy_kernel(
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    g_buf, w_buf, u_buf, kg_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    p_v, p_beta, g_buf, w_buf, u_buf, kg_buf, h_buf, vn_buf, r_buf, s0, s_out, cu_seqlens, chunk_offsets,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -622,7 +618,16 @@ def chunk_state_pass_kernel(
                 b_wh += _mm(b_w, b_h1, DT_ID)
 
             b_u -= b_wh
+            _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+            b_u += b_z  # wy stored (T − I) Z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
+            # U = β ⊙ R (compiler/plan.py: residual_solve)
+            tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+            b_u = b_u * b_beta[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -678,7 +683,16 @@ def chunk_state_pass_kernel(
                 b_wh += _mm(b_w, b_h1, DT_ID)
 
             b_u -= b_wh
+            _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
+            b_u += b_z  # wy stored (T − I) Z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
+            # U = β ⊙ R (compiler/plan.py: residual_solve)
+            tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+            b_u = b_u * b_beta[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             o_k = o_kb
             m_k = o_k < DK
@@ -708,12 +722,12 @@ def chunk_state_pass_kernel(
             m_k = o_k < DK
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
-# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U]; R = Z − (E ⊙ e^B) H_n − L'U ---------
+# ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    p_v, l_buf, s_buf, qg_buf, eg_buf, h_buf, vn_buf, o_buf, r_buf, cu_seqlens, chunk_indices, scale,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_beta, s_buf, qg_buf, h_buf, vn_buf, o_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -734,8 +748,11 @@ def chunk_output_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     m_le = o_t[:, None] >= o_t[None, :]
     b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.)
+    # the residual route through the solve's form: vn_buf holds R (the state pass stored the route); U = β ⊙ R
+    _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+    b_u = b_u * b_beta[:, None]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_eh = tl.zeros([BT, BV], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k]
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -745,24 +762,16 @@ def chunk_output_kernel(
         # the scores come from the interaction stage (Sqa); Q̂ ⊙ e^B from the decay_keys stage
         b_qg = tl.load(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_o += _mm(b_qg, b_h, DT_ID)
-        # and E ⊙ e^B from it too
-        b_e = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_eh += _mm(b_e, b_h, DT_ID)
     b_s = tl.load(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
-    _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-    b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    b_r = b_z - b_eh - _mm(b_l, b_u, DT_ID)
-    tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_r, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
-# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO − L'ᵀ dR, per chunk (no carried state) ---------
+# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    l_buf, s_buf, do_buf, dr_buf, dul_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    s_buf, do_buf, dul_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -788,17 +797,15 @@ def chunk_bwd_local_values_kernel(
     b_st = tl.load(s_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
     b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
     b_dul = _mm(b_st, b_do, DT_ID) * scale
-    b_dr = tl.load(dr_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-    b_lt = tl.load(l_buf + (rows[None, :] * HV + i_hv) * BT + o_t[:, None], mask=m_r[None, :], other=0.)
-    b_dul = b_dul - _mm(b_lt, b_dr, DT_ID)
     tl.store(dul_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU − (E ⊙ e^B)ᵀ dR
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ(β ⊙ dU + dR)#   (the residual route through the solve's form, compiler/plan.py: residual_solve: U = β ⊙ R, R the route)
+
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, w_buf, kg_buf, qg_buf, eg_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens,
+    p_beta, g_buf, w_buf, kg_buf, qg_buf, do_buf, dr_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens,
     chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -859,6 +866,12 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
+            # the adjoint of R (U = β ⊙ R, and R is the route) is β ⊙ dU + dR; Wᵀ takes its two parts in two products, dR
+            # (exact in the input dtype) unrounded: one product with their fp32 sum put dS_0 a quarter to a third further
+            # from the float64 value (bf16, T = 150, two seeds)
+            _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+            b_du = b_du * b_beta[:, None]
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -868,10 +881,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
-            b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -882,10 +892,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
-                b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
 
             i_tc -= 1
@@ -922,6 +929,12 @@ def chunk_bwd_state_kernel(
 
             tl.store(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
+            # the adjoint of R (U = β ⊙ R, and R is the route) is β ⊙ dU + dR; Wᵀ takes its two parts in two products, dR
+            # (exact in the input dtype) unrounded: one product with their fp32 sum put dS_0 a quarter to a third further
+            # from the float64 value (bf16, T = 150, two seeds)
+            _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
+            b_du = b_du * b_beta[:, None]
             # dH_n, per key block
             o_k = o_kb
             m_k = o_k < DK
@@ -931,10 +944,7 @@ def chunk_bwd_state_kernel(
             b_dh0 = b_dh0 * tl.exp2(b_gl)[:, None]
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
             b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
-            # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
-            b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_dh0 = b_dh0 - _mm(tl.trans(b_ek), b_dr, DT_ID)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -945,10 +955,7 @@ def chunk_bwd_state_kernel(
                 b_dh1 = b_dh1 * tl.exp2(b_gl)[:, None]
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
                 b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
-                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
-                # E ⊙ e^B as the interaction stored it (decay_keys): no fp32 gate tile per value block and step
-                b_ek = tl.load(eg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_dh1 = b_dh1 - _mm(tl.trans(b_ek), b_dr, DT_ID)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID) - _mm(b_wt, b_dr, DT_ID)
 
 
     o_k = o_kb
@@ -962,13 +969,13 @@ def chunk_bwd_state_kernel(
 
 # ---- backward stage scores (per-channel decay): the gradients of the chunk's score matrices, once per chunk and head -
 #   dS = scale · mask(dO Uᵀ) is the gradient of the output scores Q̂ ⋆ A (j ≤ t); through the WY solve
-#   (M = I + Diag(β)L', Ai = M⁻¹): dY = Aiᵀ dU, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM − mask(dR Uᵀ),
+#   (M = I + Diag(β)L', Ai = M⁻¹): dY = Aiᵀ dU, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM,
 #   and the c×c share of dβ: Σ_v dY ⊙ Z + Σ_j dM ⊙ L'.
 #   Stored in fp32 as [T, HV, BT] rows: bwd_intra reads them as 16×16 blocks, so the pair gradients under a per-channel
 #   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
 @triton.jit
 def chunk_bwd_scores_kernel(
-    p_v, p_beta, t_buf, l_buf, vn_buf, do_buf, dr_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, cu_seqlens, chunk_indices,
+    p_beta, t_buf, l_buf, vn_buf, do_buf, dr_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, cu_seqlens, chunk_indices,
     scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -990,31 +997,31 @@ def chunk_bwd_scores_kernel(
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
     b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_ai = tl.where(o_t[:, None] > o_t[None, :], b_ai, 0.).to(b_ai.dtype)  # T − I: T's identity is applied in fp32
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
-    b_dlr = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         m_rv = m_r[:, None] & m_v[None, :]
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_r = b_u  # vn_buf holds R, the route (compiler/plan.py: residual_solve); U = β ⊙ R
+        b_u = b_r * b_beta[:, None]
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
-        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
-        b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
+        # V = β ⊙ dU + dR through T (its identity in fp32), dN = −dY Rᵀ, dβ's direct share Σ dU ⊙ R
         b_dr = tl.load(dr_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_dlr += _mm(b_dr, tl.trans(b_u), DT_ID)
+        b_v = b_du * b_beta[:, None] + b_dr
+        b_dy = b_v + _mm(tl.trans(b_ai), b_v, DT_ID)
+        b_dm += _mm(b_dy, tl.trans(b_r), DT_ID)
+        b_dyz += tl.sum(b_du * b_r, 1)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
     m_lt = o_t[:, None] > o_t[None, :]
     b_dm = tl.where(m_lt, -b_dm, 0.)
     b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    tl.store(dbc_buf + rows * HV + i_hv, b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
-    b_dl = b_dm * b_beta[:, None]
-    b_dl = b_dl - tl.where(m_lt, b_dlr, 0.)
+    tl.store(dbc_buf + rows * HV + i_hv, b_dyz + tl.sum(b_dm * b_l, 0), mask=m_r)
+    b_dl = b_dm * b_beta[None, :]
     tl.store(dsl_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], b_dl, mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
 #   dX_t = Σ_j dS_tj y_j ⊙ e^{b_t − b_j},  dY_j = Σ_t dS_tj x_t ⊙ e^{b_t − b_j} over the pairs j ≤ t of Q̂ ⋆ A (dS)#   and j < t of E ⋆⁻ A (dL'), read from bwd_scores. One program per chunk, head, block of BK key channels and
@@ -1187,8 +1194,8 @@ def chunk_bwd_grad_kernel(
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
     b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    b_ai = tl.where(o_t[:, None] > o_t[None, :], b_ai, 0.).to(b_ai.dtype)  # T − I: T's identity is applied in fp32
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
-    b_der = tl.zeros([BT, BK], dtype=tl.float32)
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
@@ -1202,16 +1209,17 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_u = b_u * b_beta[:, None]  # vn_buf holds R, the route (compiler/plan.py: residual_solve): U = β ⊙ R
         b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
-        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
-        b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
-        b_dz = b_dy * b_beta[:, None]
+        # the residual route's solve form: dY = Tᵀ(β ⊙ dU + dR) (T's identity in fp32), dZ = dY
         b_dr = tl.load(dr_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_dz = b_dz + b_dr
-        b_der += _mm(b_dr, tl.trans(b_h), DT_ID)
+        b_v = b_du * b_beta[:, None] + b_dr
+        b_dy = b_v + _mm(tl.trans(b_ai), b_v, DT_ID)
+        b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
+        b_dz = b_dy
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
         g_v += b_dz
         tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
@@ -1241,11 +1249,9 @@ def chunk_bwd_grad_kernel(
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da = b_das + tl.load(pa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_ef = b_e * b_eb
-    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_scores
-    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.) - \
-        tl.sum(b_ef * b_dew, 1)
+    # dβ came whole from bwd_scores (Σ dU ⊙ R + Σ dN ⊙ L'): W = T(E ⊙ e^B) carries no β here
+    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.)
     b_de = tl.zeros([BT, BK], dtype=tl.float32)  # tied keys: the erase role's pair share is in pa_buf
-    b_dew = b_dew * b_beta[:, None] + b_der
     b_dews = b_dew * b_eb
     b_de -= b_dews
     b_db -= b_e * b_dews
@@ -1337,13 +1343,13 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'eg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('p_v', 'l_buf', 's_buf', 'qg_buf', 'eg_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('l_buf', 's_buf', 'do_buf', 'dr_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'eg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
+    'chunk_wy_kernel': ('p_v', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('p_v', 'p_beta', 'g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 'r_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_output_kernel': ('p_beta', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_state_kernel': ('p_beta', 'g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_scores_kernel': ('p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
@@ -1381,7 +1387,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
@@ -1519,10 +1525,10 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
-    b["l_buf"] = (TT * HV * BT, f32)  # the residual route's explicit form reads L'
+    if keep:
+        b["l_buf"] = (TT * HV * BT, f32)
     b["kg_buf"] = (TT * HV * DK, dt)
     b["qg_buf"] = (TT * HV * DK, dt)
-    b["eg_buf"] = (TT * HV * DK, dt)
     return b
 
 
