@@ -2,13 +2,13 @@
 # Run 87 (written in the fifteenth session, which was lent no device: the next session's first run). Built and
 # CPU-verified, not yet on a GPU: CCQ's curvature passes chunk-parallel (the sums and their adjoint as sequential
 # passes of [BK, BV] tiles, C_n stored for every other chunk); CLER-H's residual route through the solve's form
-# (docs/chunk_forms.md §8a: the output fused in the state pass, no route terms in the backward). GPU checks of the
+# (docs/chunk_forms.md §8a: the output fused in the state pass for gdn, no route terms in either backward). GPU checks of the
 # CCQ and CLER specs; sweeps of the new or changed kernels; the scalar variants with their profiles. Writes under $OUT.
 . benchmarks/device_env.sh || exit 1
 echo "== checks"
 timeout 90 python3 benchmarks/check_gpu_grads.py --systems ccq_gdn ccq_gdn_uncentered ccq_gla ccq_gla_uncentered --dtype bf16 2>&1 | grep -v -i warn | tail -5
-timeout 60 python3 benchmarks/check_gpu_grads.py --systems cler_h_gdn clvr_gdn deltanet gdn --dtype bf16 2>&1 | grep -v -i warn | tail -5
-timeout 60 python3 benchmarks/check_gpu_grads.py --systems ccq_gdn cler_h_gdn --B 4 --H 16 --HV 16 --T 300 --dtype bf16 2>&1 | grep -v -i warn | tail -2
+timeout 60 python3 benchmarks/check_gpu_grads.py --systems cler_h_gdn cler_h_kda clvr_gdn deltanet gdn kda --dtype bf16 2>&1 | grep -v -i warn | tail -6
+timeout 60 python3 benchmarks/check_gpu_grads.py --systems ccq_gdn cler_h_gdn cler_h_kda --B 4 --H 16 --HV 16 --T 300 --dtype bf16 2>&1 | grep -v -i warn | tail -3
 echo "== scalar variants (before the sweeps: the table's settings)"
 timeout 80 python3 benchmarks/bench_fla.py --systems --variants scalar --reps 3 --profile --json $OUT/run87_var.json 2>&1 | grep -v -i warn | grep "^variants"
 echo "== sweeps"
