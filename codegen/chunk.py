@@ -441,8 +441,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
         "triangular_solve": ["t_buf"],
         "wy": ["w_buf", "u_buf"],
-        "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []) +
-                      (["eg_buf"] if ir.route == "residual" and not residual_solve(build_plan(ir, BT, BC)) else []),
+        "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []),
     }.get(kind, [])
 
 
@@ -655,7 +654,6 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
-        explicit_route=ir.route == "residual" and not residual_solve(plan),  # R = Z − (E ⊙ e^B) H_n − L'U
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),

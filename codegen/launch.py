@@ -106,9 +106,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # / 2 stages 0.117; B = 1, T = 32768, H = 16: BV 32 / 3 stages 0.673, BV 64 / 3 stages 0.878, BV 16 1.073
             return max(bk_block, BK // 2), min(64 if wide_v else 32, bv_full), 4, 3
         if BK <= 128 and family == "tied" and route == "residual" and wide_v:
-            # the residual route's state pass (its E, L and Z tiles besides W, U, K). H200 (tune.py; two calls):
-            # cler_h_gdn (run 83) BV 64 / 4 stages 0.221 ms, 3 stages 0.227, BV 32 / 2 stages (the setting before) 0.292;
-            # cler_h_kda (run 85) 0.300, 0.318, 0.336
+            # the residual route's state pass. H200 (tune.py; two calls), when the route was formed from E, L and Z
+            # tiles besides W, U, K: cler_h_gdn (run 83) BV 64 / 4 stages 0.221 ms, 3 stages 0.227, BV 32 / 2 stages
+            # 0.292; cler_h_kda (run 85) 0.300, 0.318, 0.336. Its solve form (R = Ũ − W H_n, a store; fifteenth session)
+            # holds fewer tiles: not re-swept
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
         if BK <= 128 and family in ("additive", "tied") and route == "none" and wide_v:
             return max(bk_block, BK // 2), min(64, bv_full), 4, 4
@@ -137,15 +138,18 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per
         # dv block (run 9: two 64-wide programs 0.127 ms); 109 registers, no spill at dk = dv = 128. The residual
-        # route (− L'ᵀ dR too; tune.py, cler_h_gdn, run 83): 3 stages 0.139 ms against 2 stages' 0.151
+        # route (when it added − L'ᵀ dR here; tune.py, cler_h_gdn, run 83): 3 stages 0.139 ms against 2 stages' 0.151;
+        # its solve form has no route term here: not re-swept
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, (3 if route == "residual" else 2)
     if name == "bwd_state":
         if decay == "vector" and (family == "untied" or route == "residual"):
-            # a third per-step [BT, BK] key tile pair (the untied write stream's W ⊙ e^{b_c − B}, the residual route's
-            # E ⊙ e^B): 147-152 KB of shared memory at BV 32 / 2 stages, one program per SM, so 256 programs ran in
-            # two waves. BV 64 (128 programs, one wave; compile report: cler_h_kda 255 registers + 80 B spill, 176 KB).
+            # a third per-step [BT, BK] key tile pair (the untied write stream's W ⊙ e^{b_c − B}; the residual route's
+            # E ⊙ e^B before its solve form): 147-152 KB of shared memory at BV 32 / 2 stages, one program per SM, so
+            # 256 programs ran in two waves. BV 64 (128 programs, one wave; compile report: cler_h_kda 255 registers +
+            # 80 B spill, 176 KB).
             # H200 (tune.py, run 72): rwkv7_dplr 0.329 ms against 0.467, cler_h_kda 0.323 against 0.482; 8 warps
-            # 0.378 / 0.326, 1 stage 0.549 / 0.525
+            # 0.378 / 0.326, 1 stage 0.549 / 0.525. (cler_h_kda's solve form reads no E ⊙ e^B any more, and dR through
+            # W instead: 255 registers + 16 B spill at this setting; not re-swept)
             return max(bk_block, BK // 2), min(64, bv_full), 4, 2
         if family == "additive" and route == "none" and BK <= 128:
             # split over key-row blocks, dH alone (compiler/plan.py: split_reverse_pass). H200, simple_gla (tune.py, run

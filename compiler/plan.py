@@ -509,9 +509,10 @@ def residual_solve(p: Plan | _Builder) -> bool:
     columns, none on the right): by (I + Diag(β)L')⁻¹Diag(β) = Diag(β)(I + L'Diag(β))⁻¹, the state pass's
     R = T₁Z − T₁(E ⊙ e^B)H_n is then the route r_t = v_t − S̄_tᵀk_t itself and U = β ⊙ R (the delta rule writes
     u_t = β_t r_t), so the route costs a store, not the products Z − (E ⊙ e^B)H_n − L'U, and its backward enters
-    where β ⊙ dU does (V = β ⊙ dU + dR). No division: β = 0 keeps its r."""
+    where β ⊙ dU does (V = β ⊙ dU + dR). No division: β = 0 keeps its r. The lowering allows the residual route only
+    on a delta-family solve (compiler/lower.py), so this is every residual route."""
     s = p.structure if isinstance(p, Plan) else p.s
-    return p.family == "tied" and s.route == "residual"
+    return s.route == "residual"
 
 
 def _brow(b: _Builder) -> str | None:
@@ -619,13 +620,6 @@ def rule_decay_keys(b: _Builder) -> None:
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
     bind = {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}
     form = "Kg = A e^(b_c - B), Qg = Q e^B"
-    if b.s.route == "residual" and not residual_solve(b):
-        # the residual route's row operand E ⊙ e^B, read by the output (R = Z − (E ⊙ e^B) H_n − L′U) and by the reverse
-        # state pass (dH_n −= (E ⊙ e^B)ᵀ dR): re-formed there from k and the fp32 b it cost cler_h_kda's reverse pass
-        # 0.606 ms against kda's 0.248 (run 60; the fp32 b tiles, re-read by every value block)
-        outs.append(b.new("Eg", "[B,T,HV,dk]", "in"))
-        bind["E"] = b.op("ke")
-        form += ", Eg = E e^B"
     b.add("decay_keys", "decay_keys", bind, outs, form=form, fused="interaction")
 
 
@@ -657,16 +651,11 @@ def rule_state_pass(b: _Builder) -> None:
         bind.update(beta=b.op("beta"))  # R = Ut - W H_n is the route, U = beta R (U = R without a gain)
         outs.append(b.new("r", "[B,T,HV,dv]", "in"))
         b.outputs["route"] = outs[-1].name
-    elif b.s.route == "residual":
-        bind.update(Z=b.op("z"), E=b.op("ke"), L=b.op("L"), brow=_brow(b))
-        outs.append(b.new("r", "[B,T,HV,dv]", "in"))
-        b.outputs["route"] = outs[-1].name
     # the additive family without a route couples no key rows (no U = Ut - W H_n): a program per block of them, where
     # the state pass runs alone (the output fused into it reads every key row)
     split = b.family == "additive" and b.s.route == "none"
     b.add("state_pass", "state_pass", bind, outs, family=b.family, decay=b.s.decay, streams=streams,
           keys_decayed=bool(b.op("Kg")) or None, route=b.s.route, sequential="chunks",
-          route_form="solve" if residual_solve(b) else None,
           key_blocks="split when alone" if split else None,
           form=("" if b.family == "additive" else
                 "R = Ut - W H_n (the route r; stored for U), U = beta R; " if residual_solve(b) else "U = Ut - W H_n; ") +
@@ -683,11 +672,9 @@ def rule_output(b: _Builder) -> None:
         bind.update(M0=b.op("Aqf"), V0=b.op("U"), M1=b.op("Aqw"), V1=b.op("vp"), Qg=b.op("Qg"))
         scores = ((b.op("Aqf"), b.op("U")), (b.op("Aqw"), b.op("vp")))
         inline = False
-    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B (and E ⊙ e^B for the route)
+    elif b.op("Sqa"):  # vector decay: the interaction formed Q⋆A, decay_keys Q ⊙ e^B
         (k, v), = _streams(b)
         bind.update(M0=b.op("Sqa"), V0=v, Qg=b.op("Qg"))
-        if b.op("Eg"):
-            bind.update(Eg=b.op("Eg"))
         scores = ((b.op("Sqa"), v),)
         inline = False
     else:
@@ -729,8 +716,7 @@ def _output_in_state_pass(b: _Builder) -> bool:
     CCQ's q̂ is a pair in the input dtype (rule_curvature_query) whose rounded part is what the fused kernel's
     matmuls read: a 16-bit tile like gdn's, so its read is fused too."""
     plain_operands = b.s.precond == "none" and b.s.read in ("none", "curvature")
-    route = b.s.route != "residual" or residual_solve(b)  # the solve's form makes R the state pass's own (a store)
-    return b.s.decay != "vector" and b.family != "untied" and route and plain_operands
+    return b.s.decay != "vector" and b.family != "untied" and plain_operands
 
 
 # Order is data dependence; each rule decides from the Structure whether its stage appears.
@@ -875,12 +861,9 @@ def _bwd_local_values(p: Plan) -> Stage | None:
     # sequential reverse pass only the products with dH.
     if split_reverse_pass(p):
         return None
-    explicit = p.structure.route == "residual" and not residual_solve(p)  # R's L'U term
-    ins = ("dO",) + (("dR",) if explicit else ())
-    reads = ("output.scores",) + (("interaction.L",) if explicit else ())
-    form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO" + (" - L'^T dR" if explicit else "")
-    return Stage("bwd_local_values", "bwd_local_values", ins, (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
-                 (("form", form), ("reads", reads)))
+    form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO"
+    return Stage("bwd_local_values", "bwd_local_values", ("dO",), (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
+                 (("form", form), ("reads", ("output.scores",))))
 
 
 def _bwd_values(p: Plan) -> Stage | None:
@@ -907,13 +890,10 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
     if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
-        ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) +
-         (("decay_keys.Eg",) if p.structure.route == "residual" and not residual_solve(p) else ())
-         if kg else ())
+        ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) if kg else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
-        (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "") + \
-        (" - (E e^B)^T dR" if p.structure.route == "residual" and not residual_solve(p) else "")
+        (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
@@ -951,7 +931,10 @@ def _bwd_scores(p: Plan) -> Stage | None:
         outs += [Operand("dL", MATRIX, "fp32"), Operand("dbeta_c", "[B,T,HV]", "fp32")]
     reads = ("state_pass.U",) + (("triangular_solve.Tm", "interaction.L") if delta else ())
     form = "dSqa = scale mask(dO U^T)" + ("; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" if delta else "") + \
-        (" - dR U^T" if residual else "") + ("; dbeta_c = sum dY Z + sum dM L'" if delta else "")
+        ("; dbeta_c = sum dY Z + sum dM L'" if delta else "")
+    if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
+        form = "dSqa = scale mask(dO U^T); dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
+            "; dbeta_c = sum dU R + column sums of dN L'"
     ins = ("dO", "dU") + (("dR",) if residual else ())
     return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)))
 
@@ -1014,9 +997,7 @@ def _bwd_solve(p: Plan) -> Stage | None:
     # go in fp32, added by bwd_grads' first key block. bwd_grads then reads dY where it read dU.
     if not _solve_split(p):
         return None
-    residual = p.structure.route == "residual" and not residual_solve(p)  # R's explicit form, with its own terms
     decays = p.structure.decay != "none"
-    reads_l = residual  # the explicit residual route keeps L' for the output; otherwise it is re-formed from the keys
     outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
             Operand("dbeta_c", "[B,T,HV]", "fp32")]
     if decays:
@@ -1025,19 +1006,17 @@ def _bwd_solve(p: Plan) -> Stage | None:
         outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
     form = "dS = scale mask(dO U^T); dY = Ai^T dU, dZ = beta dY" + (" + dR" if p.structure.route != "none" else "") + \
-        ", dM = -dY U^T, dL' = beta dM" + (" - mask(dR U^T)" if residual else "") + \
-        "; dbeta_c = sum dY Z + sum dM L'"
+        ", dM = -dY U^T, dL' = beta dM; dbeta_c = sum dY Z + sum dM L'"
     if residual_solve(p):  # T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dS = scale mask(dO U^T); dY = T^T (beta dU + dR), dZ = dY, dN = -dY R^T, dL' = dN Diag(beta)" + \
             "; dbeta_c = sum dU R + column sums of dN L'"
     form += ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
         "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
         "; dY, dSg, dLg in the input dtype"
-    reads = ("state_pass.U", "triangular_solve.Tm") + (("interaction.L",) if reads_l else ()) + \
-        (("chunk_cumsum.b",) if decays else ())
-    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads))
-    if not reads_l:
-        attrs += (("forms", "L'" + (" and Q*A" if decays else "") + " over the key channels, once per chunk"),)
+    reads = ("state_pass.U", "triangular_solve.Tm") + (("chunk_cumsum.b",) if decays else ())
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads),
+                                          ("forms", "L'" + (" and Q*A" if decays else "") +
+                                           " over the key channels, once per chunk"))
     if _value_grads(p):
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in _value_grads(p))),)
     ins = ("dO", "dU") + (("dR",) if p.structure.route != "none" else ())
@@ -1086,8 +1065,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
         # per-token adjoints never go to memory
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine)),)
     ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
-        (("dR",) if (p.structure.route == "residual" and not residual_solve(p)) or
-         (p.structure.route != "none" and not split) else ())
+        (("dR",) if p.structure.route != "none" and not split else ())
     if vec:
         ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())
@@ -1102,7 +1080,7 @@ def _centered(p: Plan) -> bool:
 
 def _bwd_curvature_sums(p: Plan) -> Stage | None:
     # C_n (and m_n) re-formed as the forward formed them (its curvature_state kernel), where bwd_curvature_query reads
-    # them: C_n is dk·dk per chunk and key head (268 MB at the reference shape), so neither kept from the forward nor
+    # them: C_n is dk·dk per other chunk and key head (134 MB at the reference shape), so neither kept from the forward nor
     # rerun with the forward's stages at the backward's start, where it would be live across the chunk gradients' peak
     if not p.find("curvature_state"):
         return None
@@ -1283,7 +1261,7 @@ RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "el
 # passes; every other operand is read by the chunk gradients or later. Keyed by operand name (one the builder suffixed
 # with "_", to avoid a spec input's name, by its base). tests/test_plan_launch.py holds this against the operands of
 # the generated kernels.
-LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Eg": 0, "Sqa": 0}
+LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0}
 
 
 def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:

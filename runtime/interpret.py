@@ -433,10 +433,9 @@ def run_wy(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
 
 
 def run_decay_keys(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay); untied DPLR also Fg = F ⊙ e^{b_c − B}, the
-    residual route Eg = E ⊙ e^B."""
+    """Kg = A ⊙ e^{b_c − B}, Qg = Q ⊙ e^B per chunk (per-channel decay); untied DPLR also Fg = F ⊙ e^{b_c − B}."""
     keys = ("F", "A") if st.role("F") is not None else ("A",)
-    rows = ("Q", "E") if st.role("E") is not None else ("Q",)  # Q ⊙ e^B, and the residual route's E ⊙ e^B
+    rows = ("Q",)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(len(keys) + len(rows))]
     for _, _, _, x in _chunks_of(ctx, vals, st, *keys, *rows, "b"):
         b = x["b"]
@@ -454,24 +453,20 @@ def run_state_pass(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Va
     streams = st.attr("streams")
     H = vals["S0"]
     assert isinstance(H, torch.Tensor)
+    # the residual route through the solve's form (compiler/plan.py: residual_solve): R = Ũ − W H_n, U = β R
     residual = st.attr("route") == "residual"
-    solved = st.attr("route_form") == "solve"  # the residual route through the solve's form: R = Ũ − W H_n, U = β R
-    roles = ["W", "Ut", "b", "Z", "E", "brow", "beta"] + [f"K{i}" for i in range(len(streams))] + \
+    roles = ["W", "Ut", "b", "beta"] + [f"K{i}" for i in range(len(streams))] + \
             [f"V{i}" for i in range(len(streams))]
     Hs, Us, Rs = [], [], []
-    for n, _, _, x in _chunks_of(ctx, vals, st, *roles):
+    for _, _, _, x in _chunks_of(ctx, vals, st, *roles):
         Hs.append(H)
         U = None
         if fam != "additive":
             U = x["Ut"] - x["W"] @ H  # type: ignore[operator]
-            if solved:
+            if residual:
                 Rs.append(U)
                 U = U if x["beta"] is None else x["beta"] * U
             Us.append(U)
-        if residual and not solved:
-            Ed = x["E"] * _exp_or_one(x["brow"])  # type: ignore[operator]
-            L = vals[st.role("L")][n]  # type: ignore[index]
-            Rs.append(x["Z"].expand(*Ed.shape[:-1], ctx.dv) - Ed @ H - L @ U)  # type: ignore[union-attr, operator]
         b = x["b"]
         if b is not None:
             bc = b[..., -1:, :]  # [B, HV, 1, dk or 1]

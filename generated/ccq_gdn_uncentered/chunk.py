@@ -1022,6 +1022,7 @@ def chunk_bwd_local_values_kernel(
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
+
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
@@ -1674,7 +1675,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "lam"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1686,7 +1687,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
@@ -2014,7 +2015,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if "vn_buf" in takes:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     # the curvature sums at every chunk's start, for curvature_query (the backward forms them again where it reads
-    # them: bwd_curvature_sums); C_n is 268 MB at the reference shape
+    # them: bwd_curvature_sums); C_n of every other chunk is 134 MB at the reference shape
     if "cn_buf" in takes:
         bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in _curvature_sums(NT, N, H, DK).items()})
     # the backward's rerun of the forward has no output stage: no o

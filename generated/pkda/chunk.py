@@ -564,7 +564,7 @@ def chunk_interaction_kernel(
         tl.store(s_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, _cast_for(S64, s_buf, DT_ID), mask=lo_row64 < eos)
         tl.store(s_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32).to(s_buf.dtype.element_ty),
                  mask=up_row64 < eos)
-        # L' (the residual route and the per-channel decay's backward read it)
+        # L' (the per-channel decay's backward reads it back)
         if KEEP:
             tl.store(l_buf + (d_row * HV + i_hv) * BT + d_col, Ld, mask=m_d)
             tl.store(l_buf + (lo_row32 * HV + i_hv) * BT + lo_col32, L32, mask=lo_row32 < eos)
@@ -875,6 +875,7 @@ def chunk_bwd_local_values_kernel(
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
+
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
@@ -1522,7 +1523,7 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
-_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1534,7 +1535,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "eg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
