@@ -108,6 +108,9 @@ def test_launches_are_the_plan(name: str) -> None:
     # the rerun stores U exactly where the plan's state pass outputs it (the additive family's U = β Z is formed on
     # its consumers' loads)
     assert ("vn_buf" in bbufs and bbufs["vn_buf"].numel() > 1) == ("U" in plan.stage("state_pass").output_names)
+    # the route is an output beside o: the forward stores it, the rerun (no output stage) does not
+    if ir.route != "none":
+        assert bufs["r_buf"].numel() > 1 and bbufs["r_buf"].numel() == 1
     # without what the forward kept, the backward reruns the whole forward plan but the output
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
 

@@ -557,7 +557,8 @@ def chunk_wy_kernel(
 def chunk_state_pass_kernel(
     p_v, p_beta, g_buf, w_buf, u_buf, kg_buf, h_buf, vn_buf, r_buf, s0, s_out, cu_seqlens, chunk_offsets,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_ROUTE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -623,8 +624,9 @@ def chunk_state_pass_kernel(
             b_u += b_z  # wy stored (T − I) Z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve)
-            tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            if STORE_ROUTE:
+                tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
             b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
             b_u = b_u * b_beta[:, None]
@@ -688,8 +690,9 @@ def chunk_state_pass_kernel(
             b_u += b_z  # wy stored (T − I) Z
             tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve)
-            tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
+            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            if STORE_ROUTE:
+                tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
             b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
             b_u = b_u * b_beta[:, None]
@@ -1344,7 +1347,7 @@ _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_v', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_pass_kernel': ('p_v', 'p_beta', 'g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 'r_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_pass_kernel': ('p_v', 'p_beta', 'g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 'r_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'STORE_ROUTE', 'INTERPRET'),
     'chunk_output_kernel': ('p_beta', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_beta', 'g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
@@ -1457,7 +1460,7 @@ class _Run:
         # module was generated): Triton's launch cost grows with the argument count.
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.nkc, self.device, tuple(LAUNCH_OVERRIDES.items()))
+               self.nkc, self.route is not None, self.device, tuple(LAUNCH_OVERRIDES.items()))
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
         tensors.update(self.bufs)
         tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
@@ -1475,7 +1478,8 @@ class _Run:
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
-                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
+                      DT_ID=self.dt_id, STORE_FINAL=self.store_final,
+                      STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
@@ -1612,8 +1616,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     # the backward's rerun of the forward has no output stage: no o
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
-    route = torch.empty(B, T, HV, DV, dtype=dt, device=device)
-    bufs["r_buf"] = route
+    # the route is an output beside o: the backward's rerun (no output stage) does not store it
+    route = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
+    bufs["r_buf"] = route if route is not None else dummy_dt
     bufs["s0"] = st["S"]
     s_out = torch.empty_like(st["S"]) if output_final_state else dummy
     bufs["s_out"] = s_out

@@ -1417,7 +1417,7 @@ class _Run:
         # module was generated): Triton's launch cost grows with the argument count.
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.nkc, self.device, tuple(LAUNCH_OVERRIDES.items()))
+               self.nkc, self.route is not None, self.device, tuple(LAUNCH_OVERRIDES.items()))
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
         tensors.update(self.bufs)
         tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
@@ -1435,7 +1435,8 @@ class _Run:
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
-                      DT_ID=self.dt_id, STORE_FINAL=self.store_final, INTERPRET=self.interpret, KEEP=self.keep,
+                      DT_ID=self.dt_id, STORE_FINAL=self.store_final,
+                      STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
@@ -1572,8 +1573,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     # the backward's rerun of the forward has no output stage: no o
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
-    route = torch.empty(B, T, HV, DV, dtype=dt, device=device)
-    bufs["r_buf"] = route
+    # the route is an output beside o: the backward's rerun (no output stage) does not store it
+    route = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
+    bufs["r_buf"] = route if route is not None else dummy_dt
     bufs["s0"] = st["S"]
     s_out = torch.empty_like(st["S"]) if output_final_state else dummy
     bufs["s_out"] = s_out
