@@ -714,6 +714,8 @@ def _context(ir: IR) -> dict:
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     # decay_keys run inside the interaction's launch (the plan decides): its Kg and Qg come from the scores' tiles
     ctx["decay_keys_in_interaction"] = any(launch_of(st) == "interaction" for st in plan.find("decay_keys"))
+    # without a decay the scalar interaction's block merges are tf32x3 products (chunk_interaction.jinja)
+    ctx["tf32x3_merges"] = bool(plan.find("interaction")) and not decay_hook(ir.decay.kind).decays
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path

@@ -4,7 +4,7 @@
 # passes of [BK, BV] tiles, C_n stored for every other chunk); CLER-H's residual route through the solve's form
 # (docs/chunk_forms.md §8a: the output fused in the state pass for gdn, no route terms in either backward); and (the
 # sixteenth session, also lent no device) the PDN statistic chunk-parallel (precond_state / precond_diag, bwd_precond_diag /
-# bwd_precond_carry). GPU checks of the CCQ, CLER and PDN specs; sweeps of the new or changed kernels; the scalar
+# bwd_precond_carry), and delta_rule's block merges as tf32x3 products. GPU checks of the CCQ, CLER and PDN specs; sweeps of the new or changed kernels; the scalar
 # variants with their profiles. Writes under $OUT. Three device calls (each under the 600 s limit): `bash ...run87.sh
 # checks`, then `... sweeps`, then `... pdn`.
 . benchmarks/device_env.sh || exit 1
@@ -24,6 +24,9 @@ echo "== sweeps"
 timeout 150 python3 benchmarks/tune.py ccq_gdn --stages curvature_query bwd_curvature_query bwd_curvature_key --configs 64,64,8,1 64,64,4,1 64,64,8,2 64,128,8,1 64,32,4,1 --json $OUT/run87_tune_cq.json 2>&1 | grep -v -i warn | tail -12
 timeout 90 python3 benchmarks/tune.py ccq_gdn --stages curvature_state bwd_curvature_carry --configs 64,64,4,2 64,64,4,1 64,64,4,3 64,32,4,2 64,64,8,2 --json $OUT/run87_tune_cs.json 2>&1 | grep -v -i warn | tail -6
 timeout 90 python3 benchmarks/tune.py cler_h_gdn --stages state_output --configs 64,32,4,2 64,32,8,2 64,32,4,1 64,64,8,2 64,16,4,2 --json $OUT/run87_tune_clerh.json 2>&1 | grep -v -i warn | tail -4
+echo "== delta_rule: the interaction's block merges as tf32x3 products (were IEEE fp32): sweep, then against FLA with accuracy"
+timeout 60 python3 benchmarks/tune.py deltanet --stages interaction --configs 64,64,2,1 64,64,1,1 64,64,4,1 --json $OUT/run87_tune_dn.json 2>&1 | grep -v -i warn | tail -3
+timeout 130 python3 benchmarks/bench_fla.py --systems delta_rule --reps 5 --profile --accuracy --json $OUT/run87_delta.json 2>&1 | grep -v -i warn | tail -4
 fi
 if [ "$part" = pdn ]; then
 echo "== PDN statistic sweeps, then precond_gdn / precond_kda against FLA"

@@ -149,6 +149,16 @@ def _mm_tf32(a, b, DT_ID: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _mm_tf32x3(a, b, DT_ID: tl.constexpr):
+    """fp32 operands as three tf32 products (hi·hi + hi·lo + lo·hi: ~fp32 accuracy) for 16-bit inputs, where a
+    product replaces a loop of fp32 FMAs; the interpreter and fp32 inputs use IEEE fp32."""
+    if DT_ID == 1 or DT_ID == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
 # ---- stage precond_gram (docs/chunk_forms.md §6): the exact preconditioner's Gram carry --------------------------------
 # One program per (sequence, key head), sequential over the sequence's chunks: G_0 = P_0⁻¹, G_n stored for every
 # chunk (precond_exact inverts each in parallel), G_{n+1} = G_n + KᵀK, P_final = G⁻¹. The carry is the Gram matrix:
@@ -369,20 +379,22 @@ def chunk_interaction_kernel(
         sel = (o_c == i)[:, None]
         row = tl.sum(tl.where(sel, nb3, 0.), 0)
         ai3_3 = tl.where(sel, ai3_3 + tl.sum(row[:, None] * ai3_3, 0)[None, :], ai3_3)
-    # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ in IEEE fp32: without a decay, tf32 merges put
-    #    delta_rule's o at 4.452e-3 against FLA's 4.447e-3 (H200, runs 26-27; 4.447e-3 with fp32 merges, run 17)
-    acc = _mm32(beta1[:, None] * L1_0, ai0_0)
-    ai1_0 = -_mm32(ai1_1, acc)
-    acc = _mm32(beta2[:, None] * L2_1, ai1_1)
-    ai2_1 = -_mm32(ai2_2, acc)
-    acc = _mm32(beta2[:, None] * L2_0, ai0_0) + _mm32(beta2[:, None] * L2_1, ai1_0)
-    ai2_0 = -_mm32(ai2_2, acc)
-    acc = _mm32(beta3[:, None] * L3_2, ai2_2)
-    ai3_2 = -_mm32(ai3_3, acc)
-    acc = _mm32(beta3[:, None] * L3_1, ai1_1) + _mm32(beta3[:, None] * L3_2, ai2_1)
-    ai3_1 = -_mm32(ai3_3, acc)
-    acc = _mm32(beta3[:, None] * L3_0, ai0_0) + _mm32(beta3[:, None] * L3_1, ai1_0) + _mm32(beta3[:, None] * L3_2, ai2_0)
-    ai3_0 = -_mm32(ai3_3, acc)
+    # -- block merge: Ai_IJ = −Ai_II Σ_{J≤K<I} Diag(β_I)L'_IK Ai_KJ to fp32 accuracy: without a decay, tf32 merges put
+    #    delta_rule's o at 4.452e-3 against FLA's 4.447e-3 (H200, runs 26-27; 4.447e-3 with fp32 merges, run 17). As
+    #    three tf32 products on tensor cores (hi·hi + hi·lo + lo·hi) rather than IEEE fp32 FMAs, which held delta_rule's
+    #    interaction at 0.197 ms against gdn's 0.095 with tf32 merges (run 86)
+    acc = _mm_tf32x3(beta1[:, None] * L1_0, ai0_0, DT_ID)
+    ai1_0 = -_mm_tf32x3(ai1_1, acc, DT_ID)
+    acc = _mm_tf32x3(beta2[:, None] * L2_1, ai1_1, DT_ID)
+    ai2_1 = -_mm_tf32x3(ai2_2, acc, DT_ID)
+    acc = _mm_tf32x3(beta2[:, None] * L2_0, ai0_0, DT_ID) + _mm_tf32x3(beta2[:, None] * L2_1, ai1_0, DT_ID)
+    ai2_0 = -_mm_tf32x3(ai2_2, acc, DT_ID)
+    acc = _mm_tf32x3(beta3[:, None] * L3_2, ai2_2, DT_ID)
+    ai3_2 = -_mm_tf32x3(ai3_3, acc, DT_ID)
+    acc = _mm_tf32x3(beta3[:, None] * L3_1, ai1_1, DT_ID) + _mm_tf32x3(beta3[:, None] * L3_2, ai2_1, DT_ID)
+    ai3_1 = -_mm_tf32x3(ai3_3, acc, DT_ID)
+    acc = _mm_tf32x3(beta3[:, None] * L3_0, ai0_0, DT_ID) + _mm_tf32x3(beta3[:, None] * L3_1, ai1_0, DT_ID) + _mm_tf32x3(beta3[:, None] * L3_2, ai2_0, DT_ID)
+    ai3_0 = -_mm_tf32x3(ai3_3, acc, DT_ID)
     # Ai = (I + Diag(β)L')⁻¹, zero above the diagonal (T = Ai Diag(β); β is applied in wy)
     tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 0 + o_c[None, :], _round(ai0_0, DT_ID).to(t_buf.dtype.element_ty), mask=mb0[:, None])
     tl.store(t_buf + (rb0[:, None] * HV + i_hv) * BT + 16 + o_c[None, :], tl.zeros([BC, BC], dtype=t_buf.dtype.element_ty), mask=mb0[:, None])
