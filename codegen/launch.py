@@ -73,11 +73,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # H200 (benchmarks/tune.py, gdn, run 25): 1 warp 0.094 ms, 2 warps 0.185, BK 32 / 2 warps 0.229, 4 warps
         # ~0.39: the 16×16 blocks and the forward substitution's row extractions need no cross-warp exchange at 1 warp
         # (compile report: 255 registers + 40 B spill, against 252 and none at 2 warps, and still twice as fast)
-        if decay == "none":
-            # without a decay the solve's block merges run in IEEE fp32 (codegen/templates/chunk_interaction.jinja:
-            # tf32 ones raised delta_rule's o above FLA's), and those spill 856 B at 1 warp, none at 2 (run 17's
-            # setting: 0.195 ms for delta_rule)
-            return bk_block, bv_full, 2, 1
+        # Without a decay the block merges are tf32x3 products (codegen/templates/chunk_interaction.jinja; tf32 ones
+        # raised delta_rule's o above FLA's): as IEEE fp32 dots they spilled 856 B at 1 warp and ran at 2 (run 17:
+        # 0.195 ms for delta_rule); as tf32x3 the compile report has deltanet at 255 registers / no spill at 1 warp, 240
+        # at 2. Not yet timed on the H200 (run 87 sweeps 1, 2 and 4 warps)
         return bk_block, bv_full, 1, 1
     if name == "decay_keys":
         return bk_block, bv_full, 4, 1
