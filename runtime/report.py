@@ -4,7 +4,10 @@ The package's own host code is run on small CPU tensors with Triton's launcher r
 recorder: each launch's bound arguments give the exact signature and constexprs the kernel would be
 specialised on (autotuned kernels: every config). Each is then compiled with
 `triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`, and cuobjdump (shipped with triton)
-reports registers and local memory (spills) of the cubin, the compile metadata its shared memory.
+reports registers and local memory (spills) of the cubin and its SASS, the compile metadata its shared memory.
+The SASS counts are static (each instruction once, loops not unrolled by the compiler counted once): a proxy for
+where a kernel's work goes — tensor-core products (HMMA / HGMMA), fp32 FMAs (an IEEE fp32 dot runs as FMA loops
+through shared memory), shared-memory traffic and barriers — read before spending device time.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class KernelReport:
     shared_bytes: int
     ok: bool
     error: str = ""
+    sass: dict[str, int] = dataclasses.field(default_factory=dict)  # instructions, mma, ffma, shared, barriers
 
 
 @contextlib.contextmanager
@@ -73,8 +77,24 @@ def _recording(calls: list) -> Iterator[None]:
         JITFunction.run, Autotuner.run = old_run, old_tune  # type: ignore[method-assign]
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int]:
-    """(registers, spill bytes per thread) of a cubin, read by the cuobjdump shipped with triton.
+# SASS opcode classes the report counts (sm_90): tensor-core products, fp32 FMAs, shared-memory loads / stores
+# (LDSM included), barriers
+SASS_CLASSES = {"mma": ("HMMA", "HGMMA", "IMMA"), "ffma": ("FFMA",), "shared": ("LDS", "LDSM", "STS"),
+                "barriers": ("BAR",)}
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass_counts(sass: str) -> dict[str, int]:
+    """Static counts of a kernel's SASS (cuobjdump -sass): every instruction, and those of SASS_CLASSES."""
+    ops = [m.group(1) for m in _SASS_OP.finditer(sass)]
+    out = {"instructions": len(ops)}
+    for name, prefixes in SASS_CLASSES.items():
+        out[name] = sum(op in prefixes for op in ops)
+    return out
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int, dict[str, int]]:
+    """(registers, spill bytes per thread, SASS counts) of a cubin, read by the cuobjdump shipped with triton.
 
     A Triton kernel has no stack arrays or recursion, so its stack frame (and any local memory) is
     register spill: it matches ptxas's "bytes spill stores". Reading the cubin avoids a second ptxas run.
@@ -85,21 +105,21 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(cubin)
-        out = subprocess.run([str(exe), "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run([str(exe), "--dump-resource-usage", "--dump-sass", str(path)], capture_output=True,
+                             text=True, check=True).stdout
     regs = max((int(x) for x in re.findall(r"REG:(\d+)", out)), default=0)
     stack = max((int(x) for x in re.findall(r"STACK:(\d+)", out)), default=0)
     local = max((int(x) for x in re.findall(r"LOCAL:(\d+)", out)), default=0)
-    return regs, max(stack, local)
+    return regs, max(stack, local), sass_counts(out)
 
 
-def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str]:  # noqa: ANN001
+def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str, dict[str, int]]:  # noqa: ANN001
     from .warmup import _compile_for
 
     compiled = _compile_for(fn, kwargs, HOPPER, args)  # as the package's own launch would specialise it
-    regs, spills = _resource_usage(compiled.asm["cubin"])
+    regs, spills, sass = _resource_usage(compiled.asm["cubin"])
     config = f"warps={compiled.metadata.num_warps} stages={compiled.metadata.num_stages}"
-    return regs, spills, int(compiled.metadata.shared), config
+    return regs, spills, int(compiled.metadata.shared), config, sass
 
 
 def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256) -> list[KernelReport]:
@@ -164,8 +184,9 @@ def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[Ker
                     seen.add(key)
                     module = fn.fn.__module__.rsplit(".", 1)[-1]
                     try:
-                        regs, spills, shared, config = _compile(fn, args, kwargs)
-                        reports.append(KernelReport(module, fn.__name__, d, d, config, regs, spills, shared, True))
+                        regs, spills, shared, config, sass = _compile(fn, args, kwargs)
+                        reports.append(KernelReport(module, fn.__name__, d, d, config, regs, spills, shared, True,
+                                                    sass=sass))
                     except Exception as e:  # noqa: BLE001 - a compile failure is the report's finding
                         msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                         reports.append(KernelReport(module, fn.__name__, d, d, str(kwargs.get("num_warps", "")),
@@ -193,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_report(reports: list[KernelReport]) -> str:
     lines = [f"{'module':<10} {'kernel':<34} {'dk=dv':>5} {'config':<18} {'regs':>5} {'spill B':>8} "
-             f"{'shared B':>9}  result"]
+             f"{'shared B':>9} {'sass':>6} {'mma':>5} {'ffma':>5} {'lds/sts':>7} {'bar':>4}  result"]
     for r in reports:
+        c = r.sass
         lines.append(f"{r.module:<10} {r.kernel:<34} {r.dk:>5} {r.config:<18} {r.registers:>5} {r.spill_bytes:>8} "
-                     f"{r.shared_bytes:>9}  {'ok' if r.ok else 'FAILED: ' + r.error}")
+                     f"{r.shared_bytes:>9} {c.get('instructions', 0):>6} {c.get('mma', 0):>5} {c.get('ffma', 0):>5} "
+                     f"{c.get('shared', 0):>7} {c.get('barriers', 0):>4}  {'ok' if r.ok else 'FAILED: ' + r.error}")
     return "\n".join(lines)
 
 

@@ -31,3 +31,24 @@ def test_every_kernel_compiles_for_hopper(path: Path) -> None:
     chunk_bwd = any(r.kernel == "chunk_bwd_grad_kernel" for r in reports)
     assert chunk_bwd or "backward" in {r.module for r in reports}
     assert chunk_bwd == (dgps.compile(rec).METADATA["backward"] == "chunk")
+
+
+def test_sass_counts_parse_cuobjdump() -> None:
+    from dgps.runtime.report import sass_counts
+
+    sass = """
+        /*0040*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;          /* 0x000000000c04723c */
+        /*0050*/               @!P0 FFMA R2, R3, R4, R2 ;                         /* 0x0000000403020223 */
+        /*0060*/                   LDS.128 R8, [R2] ;                              /* 0x0000000002087984 */
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;                   /* 0x0000000000007b1d */
+        /*0080*/                   EXIT ;                                          /* 0x000000000000794d */
+    """
+    assert sass_counts(sass) == {"instructions": 5, "mma": 1, "ffma": 1, "shared": 1, "barriers": 1}
+
+
+def test_no_decay_block_merges_run_on_tensor_cores() -> None:
+    """delta_rule's solve merges its 16×16 blocks as tf32x3 products (chunk_interaction.jinja): on sm_90 an IEEE fp32
+    dot runs as FMA loops through shared memory (1048 FFMA in the interaction's SASS at dk = 128 with IEEE merges)."""
+    rec = dgps.load(next(p for p in SPECS if p.stem == "deltanet"))
+    inter = [r for r in aot_report(rec, dims=(128,), T=128) if r.kernel == "chunk_interaction_kernel"]
+    assert inter and all(r.sass["mma"] >= 64 and r.sass["ffma"] < 300 for r in inter), format_report(inter)
