@@ -959,7 +959,8 @@ def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[
                     term = f"a_{p.name}"
                 else:
                     var = f"d_{d.name}_{p.name}"
-                    lines.append(em.tile(var, dx, p.side, em.rows, "m_r", "BT", printer="bwd"))
+                    # the PDN map's log as the forward took it (_fast_log: the SFU's lg2.approx), in its derivatives
+                    lines.append(em.tile(var, dx, p.side, em.rows, "m_r", "BT", printer="bwd", fast_log=p.name == "kt"))
                     term = f"{var} * a_{p.name}"
                 lines.append(f"{g} += " + _REDUCE[key].format(t=term))
             if d.name in ir.normalize:  # y = x / sqrt(|x|² + eps): dx = rstd (dy − y (y · dy))

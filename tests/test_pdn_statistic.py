@@ -128,7 +128,8 @@ def test_passes_match_the_reference(name: str, blocks: tuple | None) -> None:
 
 def test_fast_log_only_in_the_pdn_map() -> None:
     """The PDN map's log goes through `_fast_log` (the SFU's lg2.approx on the GPU, the exact log under the
-    interpreter); every other log of a generated module — the gates' logsigmoid, softplus — keeps the exact form."""
+    interpreter), in the forward, the statistic's backward and the chain rule's derivatives of map(A) k; every other
+    log of a generated module — the gates' logsigmoid, softplus — keeps the exact form."""
     import re
 
     import sympy as sp
@@ -143,4 +144,8 @@ def test_fast_log_only_in_the_pdn_map() -> None:
         src = render_chunk(dgps.load(SPECS / f"{name}.dgps").ir)
         kernels = re.split(r"\n@triton\.jit\n", src)
         uses = {k.split("(", 1)[0].removeprefix("def ") for k in kernels if "_fast_log(" in k.split(":", 1)[-1]}
-        assert uses == {"chunk_precond_diag_kernel", "chunk_bwd_precond_diag_kernel"}, (name, uses)
+        assert uses == {"chunk_precond_diag_kernel", "chunk_bwd_precond_diag_kernel", "chunk_bwd_inputs_kernel"}, \
+            (name, uses)
+    # in the chain rule only the map's terms: gdn_fused_gate's gates keep the exact log
+    src = render_chunk(dgps.load(SPECS / "gdn_fused_gate.dgps").ir)
+    assert "_fast_log(" not in src and "tl.log(" in src

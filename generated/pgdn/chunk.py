@@ -1265,7 +1265,8 @@ def chunk_bwd_inputs_kernel(
     p_q, p_k, p_gP, p_betaP, p_mu, stat_buf, dan_buf, aq_buf, ae_buf, aa_buf, abeta_buf, ag_buf, apinc_buf,
     apdec_buf, dx_q, dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, pn_k, cu_seqlens, chunk_indices, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    NKP: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1322,7 +1323,7 @@ def chunk_bwd_inputs_kernel(
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
     _d_k_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
-    d_k_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _d_k_kt_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _d_k_kt_mu) + tl.log((1e-06 + b_stat)))))))), 0.)
+    d_k_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _d_k_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _d_k_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
     g_k += d_k_kt * a_kt
     _d_k_pinc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
     _d_k_pinc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -1355,7 +1356,7 @@ def chunk_bwd_inputs_kernel(
     g_mu = 0.0
     _d_mu_kt_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     _d_mu_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
-    d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (0.4054651081081644 * _d_mu_kt_k * (1.0 / ((1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * tl.log((1e-06 + b_stat)))))) * (1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * tl.log((1e-06 + b_stat)))))))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _d_mu_kt_mu) + tl.log((1e-06 + b_stat)))) / (1.0 + tl.abs(((-1.0 * _d_mu_kt_mu) + tl.log((1e-06 + b_stat))))))))), 0.)
+    d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (0.4054651081081644 * _d_mu_kt_k * (1.0 / ((1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _d_mu_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _d_mu_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
     g_mu += tl.sum(tl.sum(d_mu_kt * a_kt, 1), 0)
     tl.store(dx_mu + i_c.to(tl.int64) * HV + i_hv, _cast_for(g_mu, dx_mu, DT_ID))
 # ---- host -------------------------------------------------------------------------------------------------
@@ -1392,7 +1393,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'rn_buf', 'aa_buf', 'apinc_buf', 'apdec_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_precond_carry_kernel': ('p_gP', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
