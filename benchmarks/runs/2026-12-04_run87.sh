@@ -6,7 +6,7 @@
 # sixteenth session, also lent no device) the PDN statistic chunk-parallel (precond_state / precond_diag, bwd_precond_diag /
 # bwd_precond_carry), and delta_rule's block merges as tf32x3 products. GPU checks of the CCQ, CLER and PDN specs; sweeps of the new or changed kernels; the scalar
 # variants with their profiles. Writes under $OUT. Three device calls (each under the 600 s limit): `bash ...run87.sh
-# checks`, then `... sweeps`, then `... pdn`.
+# checks`, then `... sweeps`, then `... pdn`, then `... vector` if device time is left.
 . benchmarks/device_env.sh || exit 1
 part=${1:-checks}
 if [ "$part" = checks ]; then
@@ -35,5 +35,10 @@ timeout 90 python3 benchmarks/tune.py pgdn --stages bwd_precond_diag --configs 1
 timeout 100 python3 benchmarks/tune.py pgdn --stages precond_state bwd_precond_carry --configs 16,64,2,2 16,64,1,2 8,64,1,2 32,64,2,3 16,64,2,1 --json $OUT/run87_tune_ps.json 2>&1 | grep -v -i warn | tail -10
 timeout 45 python3 benchmarks/tune.py pgdn --stages interaction --configs 64,64,1,1 64,64,2,1 64,64,4,1 --json $OUT/run87_tune_pint.json 2>&1 | grep -v -i warn | tail -3
 timeout 200 python3 benchmarks/bench_fla.py --systems precond_gdn precond_kda --reps 5 --profile --accuracy --json $OUT/run87_pdn.json 2>&1 | grep -v -i warn | tail -6
+fi
+if [ "$part" = vector ]; then
+echo "== vector variants (run 86 cut them at 80 s): checks of the changed ones, then the family against kda / gla"
+timeout 60 python3 benchmarks/check_gpu_grads.py --systems pkda ccq_gla cler_h_kda --dtype bf16 2>&1 | grep -v -i warn | tail -3
+timeout 480 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile --json $OUT/run87_vec.json 2>&1 | grep -v -i warn | grep "^variants"
 fi
 echo "== done"
