@@ -63,9 +63,10 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers): per chunk,
         # and its carries over the chunks
         "precond_diag": itertools.product([16, 32, 64, full], [64], [2, 4, 8], [1]),
-        "bwd_precond_diag": itertools.product([8, 16, 32, 64], [64], [1, 2, 4, 8], [1]),
+        "bwd_precond_diag": itertools.product([16], [64], [1, 2, 4, 8], [1]),  # BK: bwd_precond_carry's too
         "precond_state": itertools.product([8, 16, 32, 64], [64], [1, 2, 4], [1, 2, 3]),
-        "bwd_precond_carry": itertools.product([8, 16, 32, full], [64], [1, 2], [1, 2]),
+        # (BK: bwd_precond_diag's, whose partial sums of the decay adjoint it adds to: sweep both together)
+        "bwd_precond_carry": itertools.product([16], [64], [1, 2, 4], [1, 2, 3]),
         # the curvature passes per chunk: BV columns of the dk × dk sums, key rows in one or two blocks of BK
         "curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),
         "bwd_curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),

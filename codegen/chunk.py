@@ -803,13 +803,11 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first) +
                            " + b_rho[:, None] * b_pcin[None, :]"))
         if diag.decay is not None:
-            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag, and the
-            # carry's share, Σ_d ρ_t dA_n (𝒜_t − inc_t) over the whole key row
+            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag, the
+            # carry's share added by bwd_precond_carry
             partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
             parts.append(_Part("pdec", diag.decay, None, "a_pdec = tl.zeros([BT], dtype=tl.float32)\n"
-                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}\n    "
-                               + em.tile("b_pincx", inc, "key", em.rows, "m_r", "BT") +
-                               "\n    a_pdec += b_rho * tl.sum(b_pcin[None, :] * (b_stat - b_pincx), 1)"))
+                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}"))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":

@@ -149,3 +149,20 @@ def test_fast_log_only_in_the_pdn_map() -> None:
     # in the chain rule only the map's terms: gdn_fused_gate's gates keep the exact log
     src = render_chunk(dgps.load(SPECS / "gdn_fused_gate.dgps").ir)
     assert "_fast_log(" not in src and "tl.log(" in src
+
+
+def test_carry_and_chunk_passes_must_share_key_blocks() -> None:
+    """bwd_precond_carry adds the carry's share of the decay adjoint to bwd_precond_diag's partial sums, one per block
+    of key channels: launch settings that give the two different blocks are refused with a clear error."""
+    rec = dgps.load(SPECS / "pgdn.dgps")
+    x = {k: v.float() for k, v in rec.random_inputs(1, 70, 1, 16, 16, 1, seed=1).items()}
+    mod = load_chunk(rec.ir)
+    saved = dict(mod.LAUNCH_OVERRIDES)
+    mod.LAUNCH_OVERRIDES.update(bwd_precond_carry=(8, 16, 1, 1), bwd_precond_diag=(16, 16, 4, 1))
+    try:
+        with pytest.raises(ValueError, match="must share BK"):
+            _, kept = mod.chunk_forward_train(x)
+            mod.chunk_backward(x, do=torch.ones(1, 70, 1, 16), kept=kept)
+    finally:
+        mod.LAUNCH_OVERRIDES.clear()
+        mod.LAUNCH_OVERRIDES.update(saved)

@@ -31,8 +31,9 @@ fi
 if [ "$part" = pdn ]; then
 echo "== PDN statistic sweeps, then precond_gdn / precond_kda against FLA"
 timeout 90 python3 benchmarks/tune.py pgdn --stages precond_diag --configs 32,64,4,1 16,64,4,1 64,64,4,1 32,64,2,1 64,64,8,1 --json $OUT/run87_tune_pd.json 2>&1 | grep -v -i warn | tail -5
-timeout 90 python3 benchmarks/tune.py pgdn --stages bwd_precond_diag --configs 16,64,4,1 8,64,2,1 16,64,2,1 32,64,4,1 32,64,8,1 --json $OUT/run87_tune_bpd.json 2>&1 | grep -v -i warn | tail -5
-timeout 100 python3 benchmarks/tune.py pgdn --stages precond_state bwd_precond_carry --configs 16,64,2,2 16,64,1,2 8,64,1,2 32,64,2,3 16,64,2,1 --json $OUT/run87_tune_ps.json 2>&1 | grep -v -i warn | tail -10
+timeout 90 python3 benchmarks/tune.py pgdn --stages bwd_precond_diag --configs 16,64,4,1 16,64,2,1 16,64,8,1 16,64,1,1 --json $OUT/run87_tune_bpd.json 2>&1 | grep -v -i warn | tail -5
+timeout 100 python3 benchmarks/tune.py pgdn --stages precond_state --configs 16,64,2,2 16,64,1,2 8,64,1,2 32,64,2,3 16,64,2,1 --json $OUT/run87_tune_ps.json 2>&1 | grep -v -i warn | tail -5
+timeout 60 python3 benchmarks/tune.py pgdn --stages bwd_precond_carry --configs 16,64,1,2 16,64,2,2 16,64,1,3 16,64,4,2 --json $OUT/run87_tune_pc.json 2>&1 | grep -v -i warn | tail -4
 timeout 45 python3 benchmarks/tune.py pgdn --stages interaction --configs 64,64,1,1 64,64,2,1 64,64,4,1 --json $OUT/run87_tune_pint.json 2>&1 | grep -v -i warn | tail -3
 timeout 200 python3 benchmarks/bench_fla.py --systems precond_gdn precond_kda --reps 5 --profile --accuracy --json $OUT/run87_pdn.json 2>&1 | grep -v -i warn | tail -6
 fi

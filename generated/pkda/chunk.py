@@ -223,7 +223,8 @@ def chunk_precond_state_kernel(
     i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)
     n_tc = tl.cdiv(eos - bos, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    i_kb = tl.program_id(1)
+    o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     if INTERPRET:
@@ -1401,11 +1402,15 @@ def chunk_bwd_precond_diag_kernel(
 #   dA_n = the carry into chunk n's last row (dA_final into a sequence's last chunk); the carry out of chunk n is
 #   dR_n + e^{c_last} dA_n (bwd_precond_diag's dR_n: its zero-carry adjoint's e^{c_first} Ā_l,first); dA_0 the carry
 #   out of the first chunk. One program per (sequence, statistic head, BK key channels), reverse over the chunks, one
-#   multiply-add per chunk.
+#   multiply-add per chunk on the carry's path.
+#   Off that path (its loads pipelined), the carry's share of the decay adjoint, Σ_d ρ_t dA_n (𝒜_t − inc_t) with
+#   ρ_t = e^{c_last − c_t}, added to this key block's partial sum (bwd_precond_diag's BK: the same NKP partial sums;
+#   in bwd_inputs, whose tiles hold whole key rows, it had pushed pkda's kernel to a spill).
 @triton.jit
 def chunk_bwd_precond_carry_kernel(
-    p_gP, rn_buf, dan_buf, da_fin, da0, cu_seqlens, chunk_offsets, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+    p_k, p_gP, p_betaP, stat_buf, rn_buf, dan_buf, da_fin, da0, apdec_buf, cu_seqlens, chunk_offsets, TT,
+    H: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1417,7 +1422,8 @@ def chunk_bwd_precond_carry_kernel(
     i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)
     n_tc = tl.cdiv(eos - bos, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    i_kb = tl.program_id(1)
+    o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
     if INTERPRET:
@@ -1430,6 +1436,20 @@ def chunk_bwd_precond_carry_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
+            p_dec = apdec_buf + i_kb * TT * HP + rows * HP + i_p
+            tl.store(p_dec, tl.load(p_dec, mask=m_r, other=0.) + b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1), mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
@@ -1444,6 +1464,20 @@ def chunk_bwd_precond_carry_kernel(
             t0 = bos + i_tc * BT
             rows = t0 + o_t
             m_r = rows < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
+            p_dec = apdec_buf + i_kb * TT * HP + rows * HP + i_p
+            tl.store(p_dec, tl.load(p_dec, mask=m_r, other=0.) + b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1), mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
@@ -1495,10 +1529,6 @@ def chunk_bwd_inputs_kernel(
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     for i_kp in range(0, NKP):
         a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
-    _b_pincx_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    _b_pincx_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_pincx = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_pincx_betaP[:, None] * (_b_pincx_k * _b_pincx_k)), 0.)
-    a_pdec += b_rho * tl.sum(b_pcin[None, :] * (b_stat - b_pincx), 1)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
@@ -1568,7 +1598,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'rn_buf', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_precond_carry_kernel': ('p_gP', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
+    'chunk_bwd_precond_carry_kernel': ('p_k', 'p_gP', 'p_betaP', 'stat_buf', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
     'chunk_bwd_inputs_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1845,6 +1875,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if dt_id and interpret:
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
+    if launch_config("bwd_precond_carry", DK, DV)[0] != launch_config("bwd_precond_diag", DK, DV)[0]:
+        # bwd_precond_carry adds to bwd_precond_diag's partial sums of the decay adjoint, one per block of key channels
+        raise ValueError(f"{NAME}: the launch settings of bwd_precond_carry and bwd_precond_diag must share BK")
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
