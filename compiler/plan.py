@@ -1210,8 +1210,8 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dR_n", "ddec_l", "dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY", "dSg", "dLg",
-             "dbeta_c", "db_s", "db_l"}
+    inner = {"dR_n", "ddec_l", "dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY",
+             "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
     adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_sums(p), _bwd_curvature_query(p),
                              _bwd_curvature_carry(p), _bwd_curvature_key(p), _bwd_precond_diag(p),
                              _bwd_precond_carry(p), _bwd_precond_exact(p), _bwd_precond_gram(p))
