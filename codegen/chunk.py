@@ -803,11 +803,12 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first) +
                            " + b_rho[:, None] * b_pcin[None, :]"))
         if diag.decay is not None:
-            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag, the
-            # carry's share added by bwd_precond_carry
+            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag, and as
+            # many of the carry's share (bwd_precond_carry)
             partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
+            carried = _tok("apdc_buf + i_kp * TT * HP", None, nh, hp, first)
             parts.append(_Part("pdec", diag.decay, None, "a_pdec = tl.zeros([BT], dtype=tl.float32)\n"
-                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}"))
+                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial} + {carried}"))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":

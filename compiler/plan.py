@@ -1170,16 +1170,16 @@ def _bwd_precond_carry(p: Plan) -> Stage | None:
     # the carries of the statistic's adjoint, reverse over chunks: one [BK] vector per sequence, statistic head and block
     # of key channels, whose only work per chunk on the carry's path is one multiply-add. Off that path, the carry's
     # share of the decay adjoint (a sum over the block's channels per token: in bwd_inputs, whose tiles hold whole key
-    # rows, it pushed pkda's kernel to a spill); bwd_inputs completes the increments' adjoint, dinc = dinc_l +
-    # e^(c_last - c_t) dA_n, where it loads dinc_l anyway
+    # rows, it pushed pkda's kernel to a spill), stored apart (CP runs this stage twice); bwd_inputs completes the
+    # increments' adjoint, dinc = dinc_l + e^(c_last - c_t) dA_n, where it loads dinc_l anyway
     if not p.find("precond_diag"):
         return None
     heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
-    outs = (Operand("dA_n", f"[B,NT,{heads},dk]", "fp32"), Operand("ddec", f"[B,T,{heads}]", "fp32"),
+    outs = (Operand("dA_n", f"[B,NT,{heads},dk]", "fp32"), Operand("ddec_c", f"[B,T,{heads}]", "fp32"),
             Operand("dA0", f"[N,{heads},dk]", "fp32"))
     form = ("dA_n = the carry into chunk n's last row, from dA_final; carry = dR_n + e^(c_last) carry; dA0 = the "
-            "carry out of the first chunk; ddec = ddec_l + e^(c_last - c_t) sum_d dA_n (A_t - inc_t)")
-    return Stage("bwd_precond_carry", "bwd_precond_carry", ("dR_n", "dA_final", "A_t", "ddec_l"), outs,
+            "carry out of the first chunk; ddec_c = e^(c_last - c_t) sum_d dA_n (A_t - inc_t)")
+    return Stage("bwd_precond_carry", "bwd_precond_carry", ("dR_n", "dA_final", "A_t"), outs,
                  (("form", form), ("sequential", "chunks, reversed"), ("key_blocks", "ddec as partial sums")))
 
 
@@ -1210,7 +1210,7 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dR_n", "ddec_l", "dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY",
+    inner = {"dR_n", "dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY",
              "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
     adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_sums(p), _bwd_curvature_query(p),
                              _bwd_curvature_carry(p), _bwd_curvature_key(p), _bwd_precond_diag(p),

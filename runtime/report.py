@@ -43,7 +43,8 @@ class KernelReport:
     shared_bytes: int
     ok: bool
     error: str = ""
-    sass: dict[str, int] = dataclasses.field(default_factory=dict)  # instructions, mma, ffma, shared, barriers
+    # instructions, mma, ffma, shared, barriers (not hashed: a frozen report stays hashable)
+    sass: dict[str, int] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
 
 @contextlib.contextmanager

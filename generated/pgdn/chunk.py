@@ -1212,11 +1212,12 @@ def chunk_bwd_precond_diag_kernel(
 #   out of the first chunk. One program per (sequence, statistic head, BK key channels), reverse over the chunks, one
 #   multiply-add per chunk on the carry's path.
 #   Off that path (its loads pipelined), the carry's share of the decay adjoint, Σ_d ρ_t dA_n (𝒜_t − inc_t) with
-#   ρ_t = e^{c_last − c_t}, added to this key block's partial sum (bwd_precond_diag's BK: the same NKP partial sums;
-#   in bwd_inputs, whose tiles hold whole key rows, it had pushed pkda's kernel to a spill).
+#   ρ_t = e^{c_last − c_t}, as this key block's partial sum (bwd_precond_diag's BK: NKP of them, stored, not added to
+#   bwd_precond_diag's, since CP runs this pass twice; in bwd_inputs, whose tiles hold whole key rows, it had pushed
+#   pkda's kernel to a spill).
 @triton.jit
 def chunk_bwd_precond_carry_kernel(
-    p_gP, p_betaP, stat_buf, rn_buf, dan_buf, da_fin, da0, apdec_buf, pn_k, cu_seqlens, chunk_offsets, TT,
+    p_gP, p_betaP, stat_buf, rn_buf, dan_buf, da_fin, da0, apdc_buf, pn_k, cu_seqlens, chunk_offsets, TT,
     H: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -1256,8 +1257,8 @@ def chunk_bwd_precond_carry_kernel(
             _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
             b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
             b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            p_dec = apdec_buf + i_kb * TT * HP + rows * HP + i_p
-            tl.store(p_dec, tl.load(p_dec, mask=m_r, other=0.) + b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdc_buf + i_kb * TT * HP + rows * HP + i_p, b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1),
+                     mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
@@ -1284,8 +1285,8 @@ def chunk_bwd_precond_carry_kernel(
             _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
             b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
             b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            p_dec = apdec_buf + i_kb * TT * HP + rows * HP + i_p
-            tl.store(p_dec, tl.load(p_dec, mask=m_r, other=0.) + b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdc_buf + i_kb * TT * HP + rows * HP + i_p, b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1),
+                     mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
@@ -1297,7 +1298,7 @@ def chunk_bwd_precond_carry_kernel(
 @triton.jit
 def chunk_bwd_inputs_kernel(
     p_q, p_k, p_gP, p_betaP, p_mu, stat_buf, dan_buf, aq_buf, ae_buf, aa_buf, abeta_buf, ag_buf, apinc_buf,
-    apdec_buf, dx_q, dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, pn_k, cu_seqlens, chunk_indices, TT,
+    apdec_buf, apdc_buf, dx_q, dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, pn_k, cu_seqlens, chunk_indices, TT,
     H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
     NKP: tl.constexpr, NKG: tl.constexpr,
@@ -1340,7 +1341,7 @@ def chunk_bwd_inputs_kernel(
     a_pinc = tl.load(apinc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.) + b_rho[:, None] * b_pcin[None, :]
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     for i_kp in range(0, NKP):
-        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.) + tl.load(apdc_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1398,7 +1399,7 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
             "stat_buf", "an_buf", "rn_buf", "dan_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "apdec_buf", "apdc_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
             "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
@@ -1422,8 +1423,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'rn_buf', 'aa_buf', 'apinc_buf', 'apdec_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_precond_carry_kernel': ('p_gP', 'p_betaP', 'stat_buf', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'apdec_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
+    'chunk_bwd_precond_carry_kernel': ('p_gP', 'p_betaP', 'stat_buf', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'apdc_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'apdc_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1699,7 +1700,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     if launch_config("bwd_precond_carry", DK, DV)[0] != launch_config("bwd_precond_diag", DK, DV)[0]:
-        # bwd_precond_carry adds to bwd_precond_diag's partial sums of the decay adjoint, one per block of key channels
+        # bwd_precond_carry's partial sums of the decay adjoint are bwd_precond_diag's blocks of key channels
         raise ValueError(f"{NAME}: the launch settings of bwd_precond_carry and bwd_precond_diag must share BK")
     nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
@@ -2060,6 +2061,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["stat_buf"] = (TT * HP * DK, fp32)  # every token's statistic, re-formed by bwd_precond_diag for bwd_inputs
     make["apinc_buf"] = (TT * HP * DK, fp32)  # the increments' adjoint from a zero carry into each chunk
     make["apdec_buf"] = (run.nkp * TT * HP, fp32)  # one partial sum per block of key channels
+    make["apdc_buf"] = (run.nkp * TT * HP, fp32)  # and of the carry's share (bwd_precond_carry, the same blocks)
     make["rn_buf"] = (NT * HP * DK, fp32)  # what leaves each chunk through its first row
     make["dan_buf"] = (NT * HP * DK, fp32)  # the carry into each chunk's last row (bwd_precond_carry)
     lasts = {}
