@@ -147,9 +147,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # 256 programs ran in two waves. BV 64 (128 programs, one wave; compile report: cler_h_kda 255 registers +
             # 80 B spill, 176 KB).
             # H200 (tune.py, run 72): rwkv7_dplr 0.329 ms against 0.467, cler_h_kda 0.323 against 0.482; 8 warps
-            # 0.378 / 0.326, 1 stage 0.549 / 0.525. (cler_h_kda's solve form reads no E ⊙ e^B any more, and dR through
-            # W instead: 255 registers + 16 B spill at this setting; not re-swept)
-            return max(bk_block, BK // 2), min(64, bv_full), 4, 2
+            # 0.378 / 0.326, 1 stage 0.549 / 0.525. cler_h_kda's solve form reads no E ⊙ e^B any more, and dR through
+            # W instead: compile report 255 registers + 16 B spill at 4 warps, 198 / 0 at 8, which run 72 timed within
+            # 1 % of 4 for the route's earlier form: 8 warps for the route, no spill (issue 9); not re-swept
+            return max(bk_block, BK // 2), min(64, bv_full), (8 if route == "residual" else 4), 2
         if family == "additive" and route == "none" and BK <= 128:
             # split over key-row blocks, dH alone (compiler/plan.py: split_reverse_pass). H200, simple_gla (tune.py, run
             # 82): reference shape BV 64 / 3 stages 0.099 ms, 4 stages 0.101, BV 32 / 2 stages 0.109; B = 1,
@@ -209,7 +210,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # per-channel decay holds more [BT, BK] tiles (the gates, their factors, the per-channel db): 32 key
             # channels per program; the score pairs come from bwd_intra. Compile report, kda dk = 128: 146 registers
             # at 8 warps, 250 at 4, no spill. H200 (tune.py, run 20): BK 32 / 4 warps 0.974 ms, BK 64 / 8 warps
-            # 0.986, BK 64 / 4 warps 1.054, BK 32 / 8 warps ~1.6
+            # 0.986, BK 64 / 4 warps 1.054, BK 32 / 8 warps ~1.6. With the PDN statistic's fp32 k̃ write key (pkda):
+            # 255 registers + 8 B spill at BK 32 / 4 warps, 255 / 0 at BK 64 / 8 warps (146 / 0 at BK 16 / 4): the
+            # latter, within 1.3 % of the former for kda; not yet timed for pkda (run 87's vector part sweeps it)
+            if precond == "diag" and BK >= 64:
+                return 64, bv_full, 8, 1
             return min(32, BK), bv_full, 4, 1
         # the additive family with a scalar, constant or no decay: whole key rows up to 128. H200, simple_gla dk = dv =
         # 128 (tune.py, run 62): BK 128 / BV 64 / 8 warps 0.397 ms (4 warps 0.397, with 368 B spill), BK 64 / BV 64 / 4

@@ -392,7 +392,7 @@ def _check_training_path(name: str, D: int, seed: int, overrides: dict | None = 
         assert _rel(g, x64[n].grad) <= TOL_FP32, (name, n, _rel(g, x64[n].grad))
 
 
-@pytest.mark.parametrize("name", ["gdn", "simple_gla", "kda", "rwkv7_dplr"])
+@pytest.mark.parametrize("name", ["gdn", "simple_gla", "kda", "rwkv7_dplr", "pkda", "cler_h_kda"])
 def test_training_path_at_the_reference_head_size(name: str) -> None:
     """dk = dv = 128, where the launch table's blocks are narrower than a head (BK = 64, BV ≤ dv). At the other
     tests' dv = 16 every block covers the whole head, which once hid a stage that left half of dv's gradient
