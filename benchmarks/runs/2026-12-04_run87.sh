@@ -40,6 +40,8 @@ fi
 if [ "$part" = vector ]; then
 echo "== vector variants (run 86 cut them at 80 s): checks of the changed ones, then the family against kda / gla"
 timeout 60 python3 benchmarks/check_gpu_grads.py --systems pkda ccq_gla cler_h_kda --dtype bf16 2>&1 | grep -v -i warn | tail -3
-timeout 480 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile --json $OUT/run87_vec.json 2>&1 | grep -v -i warn | grep "^variants"
+timeout 45 python3 benchmarks/tune.py pkda --stages bwd_grads --configs 64,64,8,1 32,64,4,1 16,64,4,1 --json $OUT/run87_tune_pkg.json 2>&1 | grep -v -i warn | tail -3
+timeout 45 python3 benchmarks/tune.py cler_h_kda --stages bwd_state --configs 64,64,8,2 64,64,4,2 64,32,4,2 --json $OUT/run87_tune_chs.json 2>&1 | grep -v -i warn | tail -3
+timeout 400 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile --json $OUT/run87_vec.json 2>&1 | grep -v -i warn | grep "^variants"
 fi
 echo "== done"
