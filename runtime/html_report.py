@@ -475,18 +475,20 @@ def kernels_section(content: ReportContent) -> str:
         regs_cls = "num warn" if r.registers >= HOPPER_MAX_REGISTERS else "num"
         spill_cls = "num warn" if r.spill_bytes else "num"
         shared_cls = "num warn" if r.shared_bytes > HOPPER_MAX_SHARED_BYTES else "num"
+        sass = [_cell(r.sass.get(k, 0), "num") for k in ("instructions", "mma", "ffma", "shared", "barriers")]
         rows.append([_cell(r.module), _cell(r.kernel, "code"), _cell(r.dk, "num"), _cell(r.config, "code"),
                      _cell(r.registers, regs_cls), _cell(r.spill_bytes, spill_cls), _cell(r.shared_bytes, shared_cls),
-                     _cell("ok" if r.ok else f"FAILED: {r.error}", "ok" if r.ok else "fail")])
+                     *sass, _cell("ok" if r.ok else f"FAILED: {r.error}", "ok" if r.ok else "fail")])
         classes.append("" if r.ok else "bad")
     failed = sum(not r.ok for r in content.kernels)
     note = (f'<p class="note">Every kernel the package launches (forward, decode, backward), compiled ahead of time '
             f"for sm_90 at dk = dv = {_esc(dims)} (runtime/report.py): registers per thread and spill bytes from "
-            f"cuobjdump, shared memory per block from the compile metadata. Marked: registers at Hopper's cap of "
-            f"{HOPPER_MAX_REGISTERS}, any spill, shared memory over {HOPPER_MAX_SHARED_BYTES // 1024} KiB. "
+            f"cuobjdump, shared memory per block from the compile metadata, static SASS counts (each instruction once: "
+            f"all, tensor-core products, fp32 FMAs, shared-memory loads/stores, barriers). Marked: registers at "
+            f"Hopper's cap of {HOPPER_MAX_REGISTERS}, any spill, shared memory over {HOPPER_MAX_SHARED_BYTES // 1024} KiB. "
             f"{len(content.kernels) - failed} compiled, {failed} failed.</p>")
     return head + note + _table(["module", "kernel", "dk = dv", "config", "registers", "spill B", "shared B",
-                                 "result"], rows, classes)
+                                 "SASS", "MMA", "FFMA", "LDS/STS", "BAR", "result"], rows, classes)
 
 
 def verify_section(content: ReportContent) -> str:
