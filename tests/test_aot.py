@@ -15,6 +15,9 @@ import dgps
 from dgps.runtime.report import aot_report, format_report
 
 SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.dgps"))
+# issue 9: no kernel of the vector-decay family's chunk modules spills at dk = 128 (rwkv7_dplr, the untied family,
+# keeps spills at its measured-fastest settings: codegen/launch.py)
+NO_SPILL_AT_128 = ("kda", "gla", "gdn2", "pkda", "ccq_gla", "ccq_gla_uncentered", "clvr_kda", "cler_h_kda")
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -31,6 +34,9 @@ def test_every_kernel_compiles_for_hopper(path: Path) -> None:
     chunk_bwd = any(r.kernel == "chunk_bwd_grad_kernel" for r in reports)
     assert chunk_bwd or "backward" in {r.module for r in reports}
     assert chunk_bwd == (dgps.compile(rec).METADATA["backward"] == "chunk")
+    if path.stem in NO_SPILL_AT_128:
+        spills = [r for r in reports if r.module == "chunk" and r.dk == 128 and r.spill_bytes]
+        assert not spills, format_report(spills)
 
 
 def test_sass_counts_parse_cuobjdump() -> None:
