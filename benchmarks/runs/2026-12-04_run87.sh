@@ -16,6 +16,7 @@ timeout 60 python3 benchmarks/check_gpu_grads.py --systems cler_h_gdn cler_h_kda
 timeout 60 python3 benchmarks/check_gpu_grads.py --systems ccq_gdn cler_h_gdn cler_h_kda --B 4 --H 16 --HV 16 --T 300 --dtype bf16 2>&1 | grep -v -i warn | tail -3
 timeout 60 python3 benchmarks/check_gpu_grads.py --systems pgdn pdn pkda --dtype bf16 2>&1 | grep -v -i warn | tail -3
 timeout 40 python3 benchmarks/check_gpu_grads.py --systems pgdn --dtype fp32 2>&1 | grep -v -i warn | tail -1
+timeout 40 python3 benchmarks/check_gpu_grads.py --systems exact_atk longhorn --dtype bf16 2>&1 | grep -v -i warn | tail -2
 echo "== scalar variants (before the sweeps: the table's settings)"
 timeout 80 python3 benchmarks/bench_fla.py --systems --variants scalar --reps 3 --profile --json $OUT/run87_var.json 2>&1 | grep -v -i warn | grep "^variants"
 fi
