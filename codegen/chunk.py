@@ -722,7 +722,8 @@ def _context(ir: IR) -> dict:
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
         ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name),
-                   pdn_weights=functools.partial(pdn_weights, diag, em))
+                   pdn_weights=functools.partial(pdn_weights, diag, em),
+                   pdn_next_log_decays=functools.partial(pdn_next_log_decays, diag, em))
     return ctx
 
 
@@ -907,17 +908,24 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: b
     return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}
 
 
+def pdn_next_log_decays(diag: DiagPrecond, em: _Emitter, indent: int = 4) -> str:
+    """Statements leaving in b_cn [BT] the PDN statistic's log2-decay of each row's next row within the chunk (0 past
+    the chunk's last row and the sequence's): the factors of the reverse scans (bwd_precond_diag) and of ρ."""
+    assert diag.decay is not None
+    return ("\n" + " " * indent).join(["rows1 = rows + 1", "m_r1 = (rows1 < eos) & (o_t + 1 < BT)",
+                                      em.tile("b_cn", diag.decay, None, "rows1", "m_r1", "BT", indent=indent,
+                                              log2=True)])
+
+
 def pdn_weights(diag: DiagPrecond, em: _Emitter, indent: int = 4) -> str:
     """Statements leaving in b_rho [BT] the weights ρ_t = e^{c_last − c_t} = Π_{u>t} d_u of a chunk's rows under the
     PDN statistic's decay (1 without one; 0 past the sequence): how the chunk's increments reach its end (precond_state)
-    and how a carry into its last row reaches its rows (bwd_inputs). A reverse cumsum of the next rows' log-decays, so
-    no difference of two cumsums loses the exponent's precision where a gate is large."""
-    pad = "\n" + " " * indent
+    and how a carry into its last row reaches its rows (bwd_precond_carry, bwd_inputs). A reverse cumsum of the next
+    rows' log-decays, so no difference of two cumsums loses the exponent's precision where a gate is large."""
     if diag.decay is None:
         return "b_rho = tl.where(m_r, 1., 0.)"
-    return pad.join(["rows1 = rows + 1", "m_r1 = (rows1 < eos) & (o_t + 1 < BT)",
-                     em.tile("b_cn", diag.decay, None, "rows1", "m_r1", "BT", indent=indent, log2=True),
-                     "b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)"])
+    return (pdn_next_log_decays(diag, em, indent) + "\n" + " " * indent +
+            "b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)")
 
 
 def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
