@@ -1,0 +1,132 @@
+"""A plan decision flipped for one spec, measured against the shipped plan in one process: errors of both against the
+float64 reference, then forward and forward+backward times (interleaved medians) and kernel sums.
+
+    python benchmarks/plan_experiment.py SPEC... --patch fuse_output [--shape 4 4096 16 128] [--reps 5]
+
+The experiment's package is the spec renamed `<name>__<patch>` (so the package cache keys differ); the patch changes
+the plan rule for that name only, so both packages live side by side. A patch is a question for the GPU before a
+plan rule changes, not a setting: a result that holds moves into compiler/plan.py with its measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _fuse_output(plan) -> Callable:  # noqa: ANN001
+    """The output inside the state pass for every scalar- or no-decay tied/additive spec, fp32 k̃ or q̂ included
+    (compiler/plan.py: _output_in_state_pass excludes them after run 40's NaN under Triton 3.6)."""
+    shipped = plan._output_in_state_pass
+
+    def rule(b) -> bool:  # noqa: ANN001
+        if b.ir.name.endswith("__fuse_output"):
+            return b.s.decay != "vector" and b.family != "untied"
+        return shipped(b)
+    return rule
+
+
+PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output)}
+
+
+def renamed(text: str, name: str, suffix: str) -> str:
+    return text.replace(f"recurrence {name}", f"recurrence {name}__{suffix}", 1)
+
+
+def errors(rec, B: int, T: int, H: int, D: int, dtype: torch.dtype, dev: str) -> dict[str, float]:  # noqa: ANN001
+    """Relative errors of o, the final states and every gradient of the chunk training path against float64."""
+    from dgps.runtime.compile import load_chunk
+    from dgps.runtime.reference import random_states, state_shapes
+    from dgps.runtime.tensors import Dims
+
+    dims = Dims(B, T, H, H, D, D)
+    x = {k: v.to(dtype).to(dev) for k, v in rec.random_inputs(B, T, H, D, D, H, seed=0).items()}
+    st = {k: v.to(dev) for k, v in random_states(rec.ir, dims, B, 0).items()}
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, D, generator=gen).to(dtype).to(dev)
+    dfin = {k: torch.randn(s, generator=gen).to(dev) for k, s in state_shapes(rec.ir, dims, B).items() if k != "n"}
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    s64 = {k: v.double().requires_grad_(k != "n") for k, v in st.items()}
+    out = rec.reference(**x64, initial_state=s64, output_final_state=True)
+    loss = (out.o * do.double()).sum() + sum((out.final_state[k] * g.double()).sum() for k, g in dfin.items())
+    leaves = {**x64, **{f"state {k}": s64[k] for k in dfin}}
+    ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True), strict=True))
+    mod = load_chunk(rec.ir)
+    fwd, kept = mod.chunk_forward_train(x, initial_state=st)
+    gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, kept=kept)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    ours = {"o": fwd.o, **{f"final {k}": v for k, v in fwd.final_state.items() if k != "n"}, **gx,
+            **{f"state {k}": v for k, v in gs.items()}}
+    want = {"o": out.o, **{f"final {k}": v for k, v in out.final_state.items() if k != "n"}, **ref}
+    errs = {}
+    for k, w in want.items():
+        w = torch.zeros_like(ours[k], dtype=torch.float64) if w is None else w.detach()
+        errs[k] = ((ours[k].double() - w).norm() / w.norm().clamp_min(1e-30)).item()
+    return errs
+
+
+def main() -> int:
+    from bench_backward import kernel_times
+    from bench_fla import fwd_bwd, interleaved
+
+    import dgps
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("specs", nargs="+")
+    p.add_argument("--patch", choices=sorted(PATCHES), required=True)
+    p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128], metavar=("B", "T", "H", "D"))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--check-dtypes", nargs="*", default=["bf16", "fp32"])
+    p.add_argument("--check-shape", nargs=4, type=int, default=[2, 300, 2, 128], metavar=("B", "T", "H", "D"))
+    p.add_argument("--device", default="cuda", help="cpu: the checks alone, under TRITON_INTERPRET=1")
+    p.add_argument("--json")
+    a = p.parse_args()
+    import dgps.compiler.plan as plan
+
+    attr, factory = PATCHES[a.patch]
+    setattr(plan, attr, factory(plan))
+    B, T, H, D = a.shape
+    result: dict[str, dict] = {}
+    for name in a.specs:
+        text = (ROOT / "specs" / f"{name}.dgps").read_text()
+        recs = {name: dgps.load(text), f"{name}__{a.patch}": dgps.load(renamed(text, name, a.patch))}
+        row: dict[str, dict] = {"errors": {}, "fwd_ms": {}, "fwdbwd_ms": {}, "kernels": {}}
+        for dt in a.check_dtypes:
+            for key, rec in recs.items():
+                e = errors(rec, *a.check_shape, {"bf16": torch.bfloat16, "fp32": torch.float32}[dt], a.device)
+                row["errors"][f"{key} {dt}"] = e
+                print(f"{key:<28} {dt} worst {max(e.values()):.2e}  "
+                      + " ".join(f"{k}={v:.1e}" for k, v in e.items()), flush=True)
+        result[name] = row
+        if a.device != "cuda":
+            continue
+        fwds, steps = {}, {}
+        for key, rec in recs.items():
+            pkg = dgps.compile(rec)
+            x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
+            do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+            fwds[key] = lambda pkg=pkg, x=x: pkg.forward(**x).o
+            steps[key] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
+            steps[key]()
+        row["fwd_ms"] = interleaved(fwds, a.reps)
+        row["fwdbwd_ms"] = interleaved(steps, a.reps)
+        row["kernels"] = {k: kernel_times(s) for k, s in steps.items()}
+        for key in recs:
+            print(f"{key:<28} fwd {row['fwd_ms'][key]:.3f} ms  fwd+bwd {row['fwdbwd_ms'][key]:.3f} ms  kernel sum "
+                  f"{sum(row['kernels'][key].values()):.3f}  {json.dumps(row['kernels'][key])}", flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
