@@ -249,8 +249,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # inside the chunk loop: the forward at BV 32 / 4 warps 0.926 ms in run 44, 0.57 in run 86; bwd_curvature_query
         # at BV 32 / 4 warps / 1 stage, with a 96 B spill, gave a wrong dλ on sm_90, a Triton 3.6 build error.)
         # Compile report (ccq_gdn, dk = 128, sm_90), registers / spill: BV 64 at 4 warps 255 / 0 (backward 250 / 0), at
-        # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B
-        return max(bk_block, BK // 2), min(64, BK), 8, 1
+        # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B. H200 (tune.py ccq_gdn, run 88), ms at
+        # BV 64 with 4 / 8 warps: curvature_query 0.338 / 0.618, bwd_curvature_query 0.359 / 0.543, bwd_curvature_key
+        # 0.401 / 0.615 (BV 128 at 8 warps 0.507, 0.487, 0.565; bwd_curvature_query at BV 32 / 4 warps faulted there)
+        return max(bk_block, BK // 2), min(64, BK), 4, 1
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
 
 
