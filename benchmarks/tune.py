@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNEL = {"l2norm": "chunk_l2norm_kernel", "chunk_cumsum": "chunk_cumsum_kernel", "interaction": "chunk_interaction_kernel",
           "wy": "chunk_wy_kernel", "state_pass": "chunk_state_pass_kernel", "output": "chunk_output_kernel",
           "state_output": "chunk_state_output_kernel",
-          "precond_state": "chunk_precond_state_kernel", "bwd_precond_carry": "chunk_bwd_precond_carry_kernel",
           "precond_diag": "chunk_precond_diag_kernel", "curvature_query": "chunk_curvature_query_kernel",
           "bwd_state": "chunk_bwd_state_kernel", "bwd_local_values": "chunk_bwd_local_values_kernel",
           "bwd_grads": "chunk_bwd_grad_kernel", "bwd_scores": "chunk_bwd_scores_kernel", "bwd_intra": "chunk_bwd_intra_kernel",
@@ -60,13 +59,9 @@ def candidates(stage: str, D: int) -> list[tuple[int, int, int, int]]:
         "bwd_scores": itertools.product([64], [32, 64], [4, 8], [1, 2]),
         "bwd_intra": itertools.product([16, 32, 64], [64], [2, 4, 8], [1]),
         "bwd_inputs": itertools.product([full], [full], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
-        # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers): per chunk,
-        # and its carries over the chunks
-        "precond_diag": itertools.product([16, 32, 64, full], [64], [2, 4, 8], [1]),
-        "bwd_precond_diag": itertools.product([16], [64], [1, 2, 4, 8], [1]),  # BK: bwd_precond_carry's too
-        "precond_state": itertools.product([8, 16, 32, 64], [64], [1, 2, 4], [1, 2, 3]),
-        # (BK: bwd_precond_diag's, whose partial sums of the decay adjoint it adds to: sweep both together)
-        "bwd_precond_carry": itertools.product([16], [64], [1, 2, 4], [1, 2, 3]),
+        # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
+        "precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
+        "bwd_precond_diag": itertools.product([16, 32, 64, full], [64], [4, 8], [1]),
         # the curvature passes per chunk: BV columns of the dk × dk sums, key rows in one or two blocks of BK
         "curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),
         "bwd_curvature_query": itertools.product([max(16, full // 2), full], [32, 64, full], [4, 8], [1, 2]),

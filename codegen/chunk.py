@@ -18,8 +18,7 @@ Stages (the names of the chunk plan; each is one template in codegen/templates/)
 
     l2norm, gates        fused into every tile load (full dk rows, so the row norm is local)
     chunk_cumsum         chunk-local cumsum of the log-gate, in log2 space (exp2 everywhere)
-    precond_state        PDN statistic's carries A_n: per sequence, statistic head and key-channel block, over chunks
-    precond_diag         PDN statistic per chunk, in parallel from A_n: a decayed scan of the chunk's rows -> k̃
+    precond_diag         PDN statistic: decayed cumsum within a chunk + carry across chunks -> k̃
     precond_gram         exact preconditioner: the fp32 Gram carry G_n over chunks (G_0 = P_0⁻¹, P_final = G⁻¹)
     precond_exact        per chunk: P_n = G_n⁻¹ (Gauss-Jordan), I + K P_n Kᵀ = L D Lᵀ -> k̃ (ATK) or q̂ (ATQ)
     curvature_state      CCQ sums C_n = Σkkᵀ, m_n = Σk at every chunk's start: per sequence, key head and [BK, BV] tile
@@ -59,9 +58,7 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
                          chunk, dC_0, dm_0
     bwd_curvature_key    CCQ, per chunk in parallel from E_n = D_n + D_nᵀ: the keys' share (an anti-causal linear
                          attention)
-    bwd_precond_diag     PDN, per chunk in parallel: the statistic again, its adjoint's reverse decayed cumsum from a zero
-                         carry
-    bwd_precond_carry    PDN: that adjoint's carries over the chunks, reversed (bwd_inputs adds them to every token's)
+    bwd_precond_diag     PDN: reverse decayed cumsum of the statistic's adjoint
     bwd_precond_exact    exact preconditioner, per chunk: z = P_t dx_t, the chunk's Gram adjoint, in-chunk key terms
     bwd_precond_gram     exact preconditioner: reverse over chunks with the dk×dk Gram adjoint -> dk, dP_0
     bwd_inputs           the chain rule to every input and param (sympy derivatives), L2-norm backward
@@ -81,7 +78,7 @@ import jinja2
 import sympy as sp
 
 from ..compiler.exprs import diff_by_name
-from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, DiagPrecond, TensorDecl, kernel_ir
+from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
     BackwardPlan,
     Plan,
@@ -213,10 +210,10 @@ class Launch:
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
 # Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks ×
 # sub-chunks); rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block,
-# sequential over chunks); chunk_hp_keys (NT, statistic heads, key-channel blocks); state (dv blocks, sequences × value
-# heads); key_state_tiles (BK × BV tiles of a dk × dk carry, sequences × key heads: the curvature sums and their
-# adjoint, sequential over chunks); key_chunk (blocks of BV columns of a dk × dk carry, NT, key heads); state_keys (dv
-# blocks × key-row blocks, sequences × value heads); output (dv blocks, NT, HV).
+# sequential over chunks); state (dv blocks, sequences × value heads); key_state_tiles (BK × BV tiles of a dk × dk
+# carry, sequences × key heads: the curvature sums and their adjoint, sequential over chunks); key_chunk (blocks of BV
+# columns of a dk × dk carry, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output
+# (dv blocks, NT, HV).
 # the curvature sums' state pass: the forward's, and the backward's re-forming of C_n (bwd_curvature_sums) is the same
 # kernel and launch
 CURVATURE_STATE = Launch("curvature_state", "chunk_curvature_state_kernel", "key_state_tiles",
@@ -224,8 +221,7 @@ CURVATURE_STATE = Launch("curvature_state", "chunk_curvature_state_kernel", "key
 FORWARD_RULES = {
     "l2norm": Launch("l2norm", "chunk_l2norm_kernel", "rows", "chunk_l2norm.jinja"),
     "chunk_cumsum": Launch("chunk_cumsum", "chunk_cumsum_kernel", "chunk", "chunk_cumsum.jinja"),
-    "precond_state": Launch("precond_state", "chunk_precond_state_kernel", "seq_hp", "chunk_precond_state.jinja"),
-    "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "chunk_hp_keys", "chunk_precond_diag.jinja"),
+    "precond_diag": Launch("precond_diag", "chunk_precond_diag_kernel", "seq_hp", "chunk_precond_diag.jinja"),
     "precond_gram": Launch("precond_gram", "chunk_precond_gram_kernel", "seq_hp", "chunk_precond_gram.jinja"),
     "precond_exact": Launch("precond_exact", "chunk_precond_exact_kernel", "chunk", "chunk_precond_exact.jinja"),
     "curvature_state": CURVATURE_STATE,
@@ -264,10 +260,8 @@ BACKWARD_RULES = {
                                   "chunk_bwd_curvature_carry.jinja"),
     "bwd_curvature_key": Launch("bwd_curvature_key", "chunk_bwd_curvature_key_kernel", "key_chunk",
                                 "chunk_bwd_curvature_key.jinja"),
-    "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "chunk_hp_keys",
+    "bwd_precond_diag": Launch("bwd_precond_diag", "chunk_bwd_precond_diag_kernel", "seq_hp",
                                "chunk_bwd_precond_diag.jinja"),
-    "bwd_precond_carry": Launch("bwd_precond_carry", "chunk_bwd_precond_carry_kernel", "seq_hp",
-                                "chunk_bwd_precond_carry.jinja"),
     "bwd_precond_exact": Launch("bwd_precond_exact", "chunk_bwd_precond_exact_kernel", "chunk",
                                 "chunk_bwd_precond_exact.jinja"),
     "bwd_precond_gram": Launch("bwd_precond_gram", "chunk_bwd_precond_gram_kernel", "seq_hp",
@@ -441,8 +435,7 @@ def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
     return {
         "l2norm": [f"pn_{n}" for n in ir.normalize],
         "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
-        "precond_state": ["an_buf"],
-        "precond_diag": ["kt_buf"],
+        "precond_diag": ["kt_buf", "an_buf"],
         "curvature_query": ["qh_buf", "ql_buf", "corr_buf"] + (["mq_buf"] if ir.read.centered else []),
         "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
                        (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
@@ -718,12 +711,12 @@ def _context(ir: IR) -> dict:
     ctx["tf32x3_merges"] = bool(plan.find("interaction")) and not decay_hook(ir.decay.kind).decays
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
+    # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
+    ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT)
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
-        ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name),
-                   pdn_weights=functools.partial(pdn_weights, diag, em),
-                   pdn_next_log_decays=functools.partial(pdn_next_log_decays, diag, em))
+        ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx
 
 
@@ -799,17 +792,12 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         load = (em.tile("d_wkt", dwk, "key", em.rows, "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
         parts.append(_Part("kt", diag.map * k, "key", load))
         inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
-        # bwd_precond_diag left the adjoint from a zero carry into each chunk; the carry dA_n into its last row
-        # (bwd_precond_carry) reaches row t as ρ_t dA_n (b_rho, b_pcin: _input_grad_code)
-        parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first) +
-                           " + b_rho[:, None] * b_pcin[None, :]"))
+        parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first)))
         if diag.decay is not None:
-            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag, and as
-            # many of the carry's share (bwd_precond_carry)
+            # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
             partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
-            carried = _tok("apdc_buf + i_kp * TT * HP", None, nh, hp, first)
             parts.append(_Part("pdec", diag.decay, None, "a_pdec = tl.zeros([BT], dtype=tl.float32)\n"
-                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial} + {carried}"))
+                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}"))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":
@@ -908,26 +896,6 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: b
     return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}
 
 
-def pdn_next_log_decays(diag: DiagPrecond, em: _Emitter, indent: int = 4) -> str:
-    """Statements leaving in b_cn [BT] the PDN statistic's log2-decay of each row's next row within the chunk (0 past
-    the chunk's last row and the sequence's): the factors of the reverse scans (bwd_precond_diag) and of ρ."""
-    assert diag.decay is not None
-    return ("\n" + " " * indent).join(["rows1 = rows + 1", "m_r1 = (rows1 < eos) & (o_t + 1 < BT)",
-                                      em.tile("b_cn", diag.decay, None, "rows1", "m_r1", "BT", indent=indent,
-                                              log2=True)])
-
-
-def pdn_weights(diag: DiagPrecond, em: _Emitter, indent: int = 4) -> str:
-    """Statements leaving in b_rho [BT] the weights ρ_t = e^{c_last − c_t} = Π_{u>t} d_u of a chunk's rows under the
-    PDN statistic's decay (1 without one; 0 past the sequence): how the chunk's increments reach its end (precond_state)
-    and how a carry into its last row reaches its rows (bwd_precond_carry, bwd_inputs). A reverse cumsum of the next
-    rows' log-decays, so no difference of two cumsums loses the exponent's precision where a gate is large."""
-    if diag.decay is None:
-        return "b_rho = tl.where(m_r, 1., 0.)"
-    return (pdn_next_log_decays(diag, em, indent) + "\n" + " " * indent +
-            "b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)")
-
-
 def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
     """The body of the `inputs` backward stage: adjoint loads, then one gradient per input (but those in
     `skip`, which bwd_grads finishes)."""
@@ -943,10 +911,6 @@ def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[
             hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
             lines.append(f"b_stat = tl.load(stat_buf + {row_offset(ROWS, nh, hp, 'DK', 'o_k')}, "
                          "mask=m_rk, other=0.)")
-            assert ir.precond.diag is not None
-            lines += pdn_weights(ir.precond.diag, em).split("\n    ")
-            m = "tl.where(i_hv % G == 0, m_k, False)" if em.kt_heads == "key" else "m_k"
-            lines.append(f"b_pcin = tl.load(dan_buf + (i_c * HP + {hp}) * DK + o_k, mask={m}, other=0.)")
         lines += [p.load for p in parts]
         for d in rest:
             role = {"key": "key", "value": "value", None: "token"}[d.vector]

@@ -222,17 +222,23 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # Compile report at BK 128 / 8 warps (sm_90, dk = 128): simple_gla and retnet 214 registers, mamba2 218, la 170,
         # exact_atq 208, no spill
         return min(128, BK), bv_full, 8 if BK >= 64 else 4, 1
-    if name in ("precond_state", "bwd_precond_carry"):
-        # the PDN statistic's carries (sequential over chunks, a [BK] carry, one weighted sum or one multiply-add per
-        # chunk): small programs, many of them (the statistic's former sequential kernels, which held the scans too,
-        # ran fastest as the most programs: BK 8 / 1 warp for the backward, H200 run 46); the next chunk's loads
-        # pipelined. Not yet timed on the H200
-        return min(16, BK), bv_full, (2 if name == "precond_state" else 1), 2
     if name in ("precond_diag", "bwd_precond_diag"):
-        # the PDN statistic per chunk, in parallel (a decayed scan of the chunk's rows, the map; the backward a second,
-        # reverse scan): [64, BK] tiles the size of the former sequential kernels' steps (BK 16 at 128 rows: 96 / 93
-        # registers, no spill at dk = 128), now NT times the programs. Not yet timed on the H200
-        return min(32 if name == "precond_diag" else 16, BK), bv_full, 4, 1
+        # the PDN statistic splits over key-channel blocks; within a chunk it is a decayed scan. H200, pgdn
+        # dk = dv = 128 (benchmarks/tune.py, run 37): forward BK 16 / 4 warps 0.218 ms (BK 32 / 8 warps 0.255, BK 32 /
+        # 4 0.318), backward 0.300 (0.305, 0.376). Sequential over chunks: more, smaller programs hide more latency.
+        # The for loop's 2 stages (the next chunk's loads during this one's scan) changed nothing (run 39: 0.215 /
+        # 0.313 ms, 1 stage 0.216 / 0.319): the loads were not what each chunk waits on.
+        # The backward after it began re-forming the statistic per chunk (two scans per chunk; 147 registers at BK 16 /
+        # 4 warps: 3 programs per SM, so its 512 programs ran as 1.3 waves, ncu run 45): BK 8 / 1 warp, 149 registers,
+        # 1024 programs in one wave, each scan within a warp: 0.703 → 0.439 ms (run 46, tune.py; GPU gradients
+        # unchanged). The forward stays at BK 16 / 4 warps (BK 8 / 1 warp 0.281 against 0.208).
+        # Steps of several chunks (compiler/plan.py PDN_SCAN_ROWS, 128 rows) hold taller tiles: at 256 rows the backward
+        # at BK 8 / 1 warp spilled 1016 B (4 warps: 167 registers). At 128 rows (compile report, pgdn, dk = 128, sm_90)
+        # forward 96 registers, backward 93, no spill. H200 at 256 rows (run 59): forward 4 warps 0.263 ms, 8 warps
+        # 0.236, 2 warps 0.195; backward 4 warps 0.446, 8 warps 0.466, 2 warps 0.482.
+        if name == "bwd_precond_diag":
+            return min(8, BK), bv_full, 4, 2
+        return min(16, BK), bv_full, 4, 2
     if name in ("precond_exact", "bwd_precond_exact", "bwd_precond_gram"):
         # the exact preconditioner's per-chunk dk × dk tiles (compile report, dk = dv = 64, sm_90): at 4 warps the
         # forward spills 584 B (atk) / 11 KB (atq) and the two backward kernels 44 / 14 KB; at 8 warps 0 / 3.2 KB and

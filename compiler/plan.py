@@ -13,9 +13,7 @@ Stage kinds and what they compute (docs/chunk_forms.md section numbers in bracke
     chunk_cumsum      chunk-local inclusive cumsum b of a log-gate (and the exclusive b_{t-1} when the
                       erase reads the undecayed state: the Triton kernels read it as b one token earlier);
                       Triton keeps it in log2 space
-    precond_state     PDN statistic's carries [5]: A_n at every chunk's start and A_final, sequential over chunks (per
-                      sequence, statistic head and block of key channels; each chunk's increments as one weighted sum)
-    precond_diag      PDN statistic per chunk, in parallel, from A_n [5] -> write key kw (or read query qp)
+    precond_diag      PDN statistic pass [5] -> write key kw (or read query qp), A_final
     precond_gram      the exact preconditioner's Gram pass [6]: G_0 = P_0^-1, G_(n+1) = G_n + KᵀK (sequential over
                       chunks; the fp32 carry is the Gram matrix, not P: no rank-c down-dates), P_final = G^-1
     precond_exact     per chunk, in parallel: P_n = G_n^-1, I + K P_n Kᵀ = L D Lᵀ (Cholesky without the square root)
@@ -52,9 +50,8 @@ import sympy as sp
 
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
-STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_state", "precond_diag", "precond_gram", "precond_exact",
-               "curvature_state", "curvature_query", "interaction", "triangular_solve", "wy", "decay_keys", "state_pass",
-               "output")
+STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_state",
+               "curvature_query", "interaction", "triangular_solve", "wy", "decay_keys", "state_pass", "output")
 
 
 class PlanTypeError(Exception):
@@ -371,7 +368,7 @@ def rule_chunk_cumsum(b: _Builder) -> None:
         b.add("cumsum_gP", "chunk_cumsum", {"g": gP},
               [b.new("bP", _shape("B", "T", "H" if d.heads == "key" else "HV"), "fp32")],
               decay="scalar", exclusive=False, log2=True,
-              fused="precond_state")  # the statistic's passes accumulate their own decay (precond_diag too)
+              fused="precond_diag")  # the statistic's scan accumulates its own decay
 
 
 def _precond_output(b: _Builder) -> Operand:
@@ -403,27 +400,29 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
     return bind
 
 
+# Rows per step of the PDN statistic's scans (precond_diag and its backward): a multiple of the chunk size. Each
+# program is sequential over its sequence's steps; the chunk-start carries An stay one per chunk of BT rows. H200,
+# pgdn B4 T4096 H16 D128 (run 59, benchmarks/kernel_sections.py, one process), forward / backward ms at 4 warps:
+# 64 rows 0.223 / 0.548, 128 rows 0.189 / 0.415, 256 rows 0.263 / 0.446, 512 rows 0.224 / 0.508 (the one-chunk steps'
+# backward had run at 1 warp: 0.431 in run 51). A step's cost grows with its rows: the kernels are bound by their
+# instructions per element (the tuple scan's exchanges, the map's transcendentals), not by the steps' latency.
+PDN_SCAN_ROWS = 128
+
+
 def rule_precond_diag(b: _Builder) -> None:
     if b.s.precond != "diag":
         return
     d = b.ir.precond.diag
     assert d is not None
     heads = "H" if d.heads == "key" else "HV"
-    # The statistic is elementwise per key channel, its decay a scalar per token (§5). Its carries first: one program per
-    # sequence, statistic head and block of key channels, sequential over the chunks, whose only work per chunk is the
-    # chunk's increments summed with the weights e^(c_last - c_t) (no scan, no map); A_n goes to memory for every chunk
-    # (8 B per token and head at dk = 128). Then every chunk's statistic, map and k̃ in parallel. As one sequential
-    # pass with the scan and the map inside it, the statistic was 0.17 ms of pgdn's step and its backward 0.41 (H200,
-    # run 86), a step of 128 rows at a time: a denser step (one decay-matrix product per chunk) was slower (run 84).
-    An = b.new("An", _shape("B", "NT", heads, "dk"), "fp32")
-    b.add("precond_state", "precond_state", {"k": b.op("in:k") or "k", "inc": b.op("p_inc"), "bP": b.op("bP"),
-                                             "A0": "A0"},
-          [An, b.new("A_final", _shape("N", heads, "dk"), "fp32")], heads=d.heads, sequential="chunks",
-          form="A_(n+1) = e^(c_last) A_n + sum_t e^(c_last - c_t) inc_t; A_n of every chunk stored")
     out = _precond_output(b)
-    bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "An": An.name}
-    b.add("precond_diag", "precond_diag", bind, [out], placement=b.s.precond_placement, heads=d.heads, map=d.map,
-          form="A_t = e^(c_t) A_n + sum_(j<=t) e^(c_t - c_j) inc_j (a scan of the chunk's rows); kw = map(A_t) k",
+    bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "A0": "A0"}
+    # An: the statistic's value at every chunk's start (a training forward writes it): the backward re-forms every
+    # token's statistic from it, chunk-parallel, where it reads it (8 B per token and head instead of 512)
+    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
+                                                 b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
+          placement=b.s.precond_placement, heads=d.heads, map=d.map,
+          scan_rows=b.chunk_size * max(1, PDN_SCAN_ROWS // b.chunk_size),
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
 
@@ -815,7 +814,7 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
 # --- the backward plan (docs/chunk_forms.md §8): store inputs, recompute the rest, reverse the stages ------------
 BACKWARD_KINDS = ("bwd_local_values", "bwd_state_pass", "bwd_scores", "bwd_intra", "bwd_solve", "bwd_grads",
                   "bwd_curvature_sums", "bwd_curvature_query", "bwd_curvature_carry", "bwd_curvature_key",
-                  "bwd_precond_diag", "bwd_precond_carry", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
+                  "bwd_precond_diag", "bwd_precond_exact", "bwd_precond_gram", "bwd_inputs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -1153,34 +1152,16 @@ def _bwd_curvature_key(p: Plan) -> Stage | None:
 
 
 def _bwd_precond_diag(p: Plan) -> Stage | None:
-    # per chunk, in parallel: the statistic re-formed from the kept A_n (as precond_diag formed it), its adjoint, and
-    # that adjoint's reverse decayed cumsum within the chunk from a zero carry; the carries come after (below)
     if not p.find("precond_diag"):
         return None
     heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
-    outs = (Operand("dinc_l", f"[B,T,{heads},dk]", "fp32"), Operand("ddec_l", f"[B,T,{heads}]", "fp32"),
-            Operand("A_t", f"[B,T,{heads},dk]", "fp32"), Operand("dR_n", f"[B,NT,{heads},dk]", "fp32"))
-    form = ("A_t = e^c A_n + Lambda inc per chunk; dA_t = map'(A_t) k dkw; dinc_l = Lambda^T dA (zero carry); "
-            "ddec_l = sum_d dinc_l (A_t - inc_t); dR_n = e^(c_first) dinc_l at the chunk's first row")
-    return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw",), outs,
-                 (("form", form), ("reads", ("precond_state.An",)), ("tiles", "BK key channels per chunk and head")))
-
-
-def _bwd_precond_carry(p: Plan) -> Stage | None:
-    # the carries of the statistic's adjoint, reverse over chunks: one [BK] vector per sequence, statistic head and block
-    # of key channels, whose only work per chunk on the carry's path is one multiply-add. Off that path, the carry's
-    # share of the decay adjoint (a sum over the block's channels per token: in bwd_inputs, whose tiles hold whole key
-    # rows, it pushed pkda's kernel to a spill), stored apart (CP runs this stage twice); bwd_inputs completes the
-    # increments' adjoint, dinc = dinc_l + e^(c_last - c_t) dA_n, where it loads dinc_l anyway
-    if not p.find("precond_diag"):
-        return None
-    heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
-    outs = (Operand("dA_n", f"[B,NT,{heads},dk]", "fp32"), Operand("ddec_c", f"[B,T,{heads}]", "fp32"),
-            Operand("dA0", f"[N,{heads},dk]", "fp32"))
-    form = ("dA_n = the carry into chunk n's last row, from dA_final; carry = dR_n + e^(c_last) carry; dA0 = the "
-            "carry out of the first chunk; ddec_c = e^(c_last - c_t) sum_d dA_n (A_t - inc_t)")
-    return Stage("bwd_precond_carry", "bwd_precond_carry", ("dR_n", "dA_final", "A_t"), outs,
-                 (("form", form), ("sequential", "chunks, reversed"), ("key_blocks", "ddec as partial sums")))
+    # A_t: every token's statistic, re-formed per chunk from the kept chunk-start carries (as the forward formed it),
+    # for this stage and the chain rule after it
+    outs = (Operand("dinc", f"[B,T,{heads},dk]", "fp32"), Operand("ddec", f"[B,T,{heads}]", "fp32"),
+            Operand("dA0", f"[N,{heads},dk]", "fp32"), Operand("A_t", f"[B,T,{heads},dk]", "fp32"))
+    return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw", "dA_final"), outs,
+                 (("form", "A_t = e^c A_n + Lambda (stat) per chunk; reverse decayed cumsum of the statistic's adjoint"),
+                  ("reads", ("precond_diag.An",)), ("sequential", "chunks, reversed")))
 
 
 def _bwd_precond_exact(p: Plan) -> Stage | None:
@@ -1210,11 +1191,11 @@ def _bwd_precond_gram(p: Plan) -> Stage | None:
 def _bwd_inputs(p: Plan) -> Stage | None:
     # the exact preconditioner's per-chunk stage leaves the Gram pass its intermediates; bwd_inputs reads dq_x, dk_g
     # (and the curvature's forward-direction pass leaves the later ones S and m^T S)
-    inner = {"dR_n", "dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY",
-             "dSg", "dLg", "dbeta_c", "db_s", "db_l"}
+    inner = {"dk_x", "u_x", "dGc", "dPa", "S_hi", "S_lo", "ms", "Cn_b", "m_n_b", "Dn_b", "dmc_b", "dY", "dSg", "dLg",
+             "dbeta_c", "db_s", "db_l"}
     adj = [o.name for st in (_bwd_solve(p), _bwd_grads(p), _bwd_curvature_sums(p), _bwd_curvature_query(p),
-                             _bwd_curvature_carry(p), _bwd_curvature_key(p), _bwd_precond_diag(p),
-                             _bwd_precond_carry(p), _bwd_precond_exact(p), _bwd_precond_gram(p))
+                             _bwd_curvature_carry(p), _bwd_curvature_key(p), _bwd_precond_diag(p), _bwd_precond_exact(p),
+                             _bwd_precond_gram(p))
            if st is not None
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
@@ -1229,8 +1210,8 @@ def _bwd_inputs(p: Plan) -> Stage | None:
 # Order is launch order; each rule decides from the forward plan whether its stage appears.
 BACKWARD_RULES: tuple[Callable[[Plan], Stage | None], ...] = (
     _bwd_local_values, _bwd_state_pass, _bwd_values, _bwd_scores, _bwd_intra, _bwd_solve, _bwd_grads, _bwd_curvature_sums,
-    _bwd_curvature_query, _bwd_curvature_carry, _bwd_curvature_key, _bwd_precond_diag, _bwd_precond_carry,
-    _bwd_precond_exact, _bwd_precond_gram, _bwd_inputs,
+    _bwd_curvature_query, _bwd_curvature_carry, _bwd_curvature_key, _bwd_precond_diag, _bwd_precond_exact,
+    _bwd_precond_gram, _bwd_inputs,
 )
 
 
@@ -1261,7 +1242,7 @@ def build_backward_plan(plan: Plan) -> BackwardPlan | None:
 BACKWARD_PHASES = ("state passes", "chunk gradients", "chain rule")
 PHASE_OF = {"bwd_local_values": 0, "bwd_state_pass": 0, "bwd_scores": 1, "bwd_intra": 1, "bwd_solve": 1, "bwd_grads": 1,
             "bwd_curvature_sums": 2, "bwd_curvature_query": 2, "bwd_curvature_carry": 2, "bwd_curvature_key": 2,
-            "bwd_precond_diag": 2, "bwd_precond_carry": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
+            "bwd_precond_diag": 2, "bwd_precond_exact": 2, "bwd_precond_gram": 2, "bwd_inputs": 2}
 PEAK_PHASE = 1
 
 # What rerunning a forward stage in the backward costs, cheapest first: evaluated on its consumers' tile loads (no
@@ -1272,8 +1253,7 @@ PEAK_PHASE = 1
 RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan", "state_pass")
 RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
                   "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
-                  "triangular_solve": "chunk_solve", "precond_state": "scan", "precond_diag": "elementwise",
-                  "precond_gram": "scan",
+                  "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",
                   "curvature_state": "scan", "curvature_query": "chunk_matmul", "state_pass": "state_pass"}
 
 # The last backward phase that reads a forward operand: the WY operands (W: the reverse state pass; Ũ: the rerun of
@@ -1353,10 +1333,10 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
                  if kind == "interaction" else "")
         return f"{cost}, not rerun; nothing of it is stored{again}"
     carries = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and len(o.dims) == 4]
-    if carries and kind == "precond_state":
-        return (f"{cost}: kept, the carries {carries[0].name} ({bytes_per_token(carries[0])} B) at each chunk's start; "
-                "the per-token statistic is not: bwd_precond_diag re-forms it from them, after the peak, where only the "
-                "chain rule reads it")
+    if carries and kind == "precond_diag":
+        return (f"{cost}: kept; its per-token statistic is not: the carries {carries[0].name} "
+                f"({bytes_per_token(carries[0])} B) at each chunk's start let bwd_precond_diag re-form it, after the "
+                "peak, where only the chain rule reads it")
     if last_read_phase(p, sts, read) < PEAK_PHASE:
         # freed before the peak whether kept or rerun: a rerun would only shorten what a training forward holds until
         # its backward (per layer, in a model), and every launch costs a pass over HBM (decay_keys: ~0.1 ms of kda's
@@ -1480,14 +1460,6 @@ def _tc_precond(st: Stage, t: dict[str, Operand]) -> None:
     _token(st.outputs[0], "dk", st.name)
 
 
-def _tc_precond_state(st: Stage, t: dict[str, Operand]) -> None:
-    An, fin = st.outputs
-    if t["A0"].shape != fin.shape:
-        raise PlanTypeError(f"{st.name}: initial {t['A0']} and final {fin} differ")
-    if An.dims[:2] != ("B", "NT") or An.dims[2:] != fin.dims[1:]:
-        raise PlanTypeError(f"{st.name}: the carries {An} must be per chunk, shaped as the statistic")
-
-
 def _tc_precond_gram(st: Stage, t: dict[str, Operand]) -> None:
     _token(t[st.bind["k"]], "dk", st.name)
     if t["P0"].shape != st.outputs[1].shape or st.outputs[0].shape != "[B,NT,H,dk,dk]":
@@ -1583,8 +1555,7 @@ def _tc_output(st: Stage, t: dict[str, Operand]) -> None:
 
 
 TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
-    "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_state": _tc_precond_state,
-    "precond_diag": _tc_precond,
+    "l2norm": _tc_l2norm, "gates": _tc_gates, "chunk_cumsum": _tc_chunk_cumsum, "precond_diag": _tc_precond,
     "precond_gram": _tc_precond_gram, "precond_exact": _tc_precond, "curvature_state": _tc_curvature_state,
     "curvature_query": _tc_curvature,
     "interaction": _tc_interaction,

@@ -179,46 +179,35 @@ def _write_key(st: Stage, ctx: _Ctx, vals: dict[str, Value], ktilde: torch.Tenso
     return _tok(evaluate(expr, env)).expand_as(ktilde)
 
 
-def _statistic(A: torch.Tensor, x: dict, c: int) -> torch.Tensor:
-    """𝒜 of one chunk from its start carry A: e^{c} ⊗ A + Λ (βP k⊙k), Λ pairwise-masked (§5)."""
-    inc = x["inc"].expand(*x["k"].shape)
-    bP = x["bP"]
-    if bP is None:
-        return A.unsqueeze(-2) + torch.cumsum(inc, dim=-2)
-    mask = torch.ones(c, c, dtype=torch.bool).tril()
-    lam = torch.exp((bP - bP.mT).masked_fill(~mask, float("-inf")))
-    return torch.exp(bP) * A.unsqueeze(-2) + lam @ inc
-
-
-def run_precond_state(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """§5's carries: A_n at every chunk's start (the statistic's last row of the chunk before), and A_final."""
+def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
+    """§5: A = e^{c} ⊗ A_n + Λ (βP k⊙k) per chunk (Λ pairwise-masked), carried across chunks."""
     key_heads = st.attr("heads") == "key"
     A = vals["A0"]
     assert isinstance(A, torch.Tensor)
     A = _expand_heads(A, ctx.G if key_heads else 1)  # [B, HV, dk]
-    carries = []
-    for _, s, e, x in _chunks_of(ctx, vals, st, "k", "inc", "bP"):
-        carries.append(A)
-        A = _statistic(A, x, e - s)[..., -1, :]
-    A_fin = A[:, ::ctx.G] if key_heads else A
-    return {st.outputs[0].name: carries, st.outputs[1].name: A_fin}
-
-
-def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]:
-    """§5, per chunk from its carry A_n: 𝒜 = e^{c} ⊗ A_n + Λ (βP k⊙k), then the map -> k̃ (or q̂)."""
     sym = ctx.symbols(st, vals)
-    carries = vals[st.role("An")]  # type: ignore[index]
-    assert isinstance(carries, list)
-    pieces = []
-    for n, s, e, x in _chunks_of(ctx, vals, st, "k", "q", "inc", "bP"):
-        env = {nm: _slice_t(t, s, e, ctx.T) for nm, t in sym.items()}
-        env[STAT.name] = _statistic(carries[n], x, e - s).transpose(1, 2)
+    pieces, carries = [], []
+    for _, s, e, x in _chunks_of(ctx, vals, st, "k", "q", "inc", "bP"):
+        carries.append(A)  # the chunk-start statistic (An: what a training forward keeps for the backward)
+        inc = x["inc"].expand(*x["k"].shape)  # type: ignore[union-attr]
+        bP = x["bP"]
+        if bP is None:
+            Acal = A.unsqueeze(-2) + torch.cumsum(inc, dim=-2)
+        else:
+            c = e - s
+            mask = torch.ones(c, c, dtype=torch.bool).tril()
+            lam = torch.exp((bP - bP.mT).masked_fill(~mask, float("-inf")))
+            Acal = torch.exp(bP) * A.unsqueeze(-2) + lam @ inc
+        A = Acal[..., -1, :]
+        env = {n: _slice_t(t, s, e, ctx.T) for n, t in sym.items()}
+        env[STAT.name] = Acal.transpose(1, 2)
         scale = _tok(evaluate(st.attr("map"), env))
         if st.attr("placement") == "write_key":
             pieces.append(_write_key(st, ctx, vals, scale * x["k"].transpose(1, 2), s, e))  # type: ignore[union-attr]
         else:
             pieces.append(scale * x["q"].transpose(1, 2))  # type: ignore[union-attr]
-    return {st.outputs[0].name: torch.cat(pieces, dim=1)}
+    A_fin = A[:, ::ctx.G] if key_heads else A
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin, st.outputs[2].name: carries}
 
 
 def eliminate(M: torch.Tensor, KP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -527,7 +516,6 @@ STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value
     "l2norm": run_l2norm,
     "gates": run_gates,
     "chunk_cumsum": run_chunk_cumsum,
-    "precond_state": run_precond_state,
     "precond_diag": run_precond_diag,
     "precond_gram": run_precond_gram,
     "precond_exact": run_precond_exact,

@@ -416,8 +416,7 @@ def test_pdn_statistic_split_over_key_channel_blocks(name: str) -> None:
     """The PDN statistic is elementwise per key channel: with BK below dk its forward and backward run one
     program per block of channels (the decay adjoint as per-block partial sums) and give the same gradients."""
     blocks = (8, 16, 4, 1)  # BK = 8 at dk = 32: four channel blocks
-    stages = ("precond_state", "precond_diag", "bwd_precond_diag", "bwd_precond_carry")
-    _check_training_path(name, 32, seed=5, overrides={s: blocks for s in stages})
+    _check_training_path(name, 32, seed=5, overrides={"precond_diag": blocks, "bwd_precond_diag": blocks})
 
 
 @pytest.mark.parametrize("name", ["kda", "gla"])

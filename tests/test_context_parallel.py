@@ -127,13 +127,10 @@ def test_cp_stage_counts_gdn_kda() -> None:
     assert fwd["state_pass"] == 1 and bwd["bwd_state"] == 1
     fwd, bwd = _expected_counts("kda", continued=True, later=False)  # the last rank: no transition, no g
     assert fwd["state_pass"] == 1 and bwd["bwd_state"] == 1
-    # the statistic's carries: offsets, then true; every chunk's statistic once, from the true carries (its adjoint's
-    # per-chunk pass reads no carry: once; the adjoint's carries from the zero and from the true final adjoint)
-    fwd, bwd = _expected_counts("pgdn", continued=True, later=True)
-    assert fwd["precond_state"] == 2 and fwd["precond_diag"] == 1 and fwd["interaction"] == 1
-    assert bwd["bwd_precond_diag"] == 1 and bwd["bwd_precond_carry"] == 2
+    fwd, bwd = _expected_counts("pgdn", continued=True, later=True)  # the statistic's scan: offsets, then true
+    assert fwd["precond_diag"] == 2 and fwd["interaction"] == 1 and bwd["bwd_precond_diag"] == 2
     fwd, bwd = _expected_counts("pgdn", continued=True, later=False)
-    assert fwd["precond_state"] == 1 and fwd["precond_diag"] == 1 and bwd["bwd_precond_carry"] == 1
+    assert fwd["precond_diag"] == 1 and bwd["bwd_precond_diag"] == 1
 
 
 def test_cp_two_ranks_varlen_every_spec(tmp_path: Path) -> None:
@@ -215,9 +212,7 @@ def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {line.split()[0]: line for line in out.split("stages per slice")[1].splitlines()[1:] if line.startswith("    ")}
     assert "once" in rows["interaction"] and "once" in rows["wy"] and "per pass" in rows["state_pass"]
     assert "per pass" in rows["cumsum_gP"] and "after the auxiliary exchange" in rows["interaction"]
-    assert "per pass" in rows["bwd_state_pass"] and "per pass" in rows["bwd_precond_carry"]
-    assert "precond_state" in rows["cumsum_gP"] and "after the auxiliary exchange" in rows["precond_diag"]
-    assert rows["bwd_precond_diag"].split()[1] == "once"
+    assert "per pass" in rows["bwd_state_pass"] and "per pass" in rows["bwd_precond_diag"]
     assert rows["bwd_grads"].split()[1] == "once" and rows["bwd_inputs"].split()[1] == "once"
     assert main(["show", str(WORKER.parent.parent / "specs" / "gdn.dgps"), "--stage", "plan", "--cp"]) == 0
     out = capsys.readouterr().out.split("stages per slice")[1]

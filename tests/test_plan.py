@@ -148,17 +148,15 @@ def test_gdn_kda_same_shape_different_decay():
 
 def test_pgdn_adds_precond_diag_feeding_the_write_key():
     p, base = plan("pgdn"), plan("gdn")
-    assert Counter(p.kinds()) - Counter(base.kinds()) == Counter(gates=1, chunk_cumsum=1, precond_state=1,
-                                                                 precond_diag=1)
+    assert Counter(p.kinds()) - Counter(base.kinds()) == Counter(gates=1, chunk_cumsum=1, precond_diag=1)
     pre = p.stage("precond_diag")
     kw = pre.outputs[0].name
     assert p.stage("interaction").role("A") == kw  # write key: columns of L' = E ⋆⁻ A
     assert p.stage("interaction").role("E") == "kn"  # erase key stays k
     assert p.stage("state_pass").role("K0") == kw and p.stage("output").role("K0") == kw
     assert p.stage("output").role("Q") == "qn"  # the read key/query is untouched
-    carries = p.stage("precond_state")
-    assert p.graph.has_edge(p.stage("cumsum_gP"), carries) and p.graph.has_edge(carries, pre)
-    assert carries.outputs[1].shape == "[N,H,dk]"  # statistics per key head (shared by grouped value heads)
+    assert p.graph.has_edge(p.stage("cumsum_gP"), pre)
+    assert pre.outputs[1].shape == "[N,H,dk]"  # statistics per key head (shared by grouped value heads)
 
 
 def test_ccq_adds_curvature_query_feeding_the_output_query():
@@ -483,10 +481,7 @@ def test_backward_plan(name):
     if ir.read.kind == "curvature":  # C_n formed again, dq and dλ per chunk; the keys' adjoint carry in reverse, then dk
         i = kinds.index("bwd_curvature_sums")
         assert kinds[i:i + 4] == ["bwd_curvature_sums", "bwd_curvature_query", "bwd_curvature_carry", "bwd_curvature_key"]
-    assert ("bwd_precond_diag" in kinds) == ("bwd_precond_carry" in kinds) == (ir.precond.kind == "diag")
-    if ir.precond.kind == "diag":  # the statistic's adjoint per chunk, then its carries, then the chain rule
-        i = kinds.index("bwd_precond_diag")
-        assert kinds[i:i + 3] == ["bwd_precond_diag", "bwd_precond_carry", "bwd_inputs"]
+    assert ("bwd_precond_diag" in kinds) == (ir.precond.kind == "diag")
     # the exact preconditioner: the chunk-parallel stage, then the reverse pass of the Gram adjoint, before bwd_inputs
     exact = ["bwd_precond_exact", "bwd_precond_gram", "bwd_inputs"]
     assert (kinds[-3:] == exact) == (ir.precond.kind == "exact")
@@ -508,8 +503,8 @@ def test_backward_plan(name):
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])
 def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
     """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept (8 B per token
-    and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms it after the
-    chunk gradients, for bwd_inputs; the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the
+    and head for the carries, not 512 for the per-token statistic), which bwd_precond_diag re-forms after the chunk
+    gradients, for bwd_inputs; the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the
     state passes (freed before the peak); H_n is rerun; the printed model names every decision."""
     from dgps.compiler.plan import PEAK_PHASE, build_backward_plan, bytes_per_token
 
@@ -517,15 +512,14 @@ def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
     bp = build_backward_plan(p)
     assert bp is not None
     m = {d.kind: d for d in bp.memory}
-    assert [o.name for o in m["precond_diag"].kept] == ["kw"] and m["precond_diag"].kept_bytes == 512
-    assert [o.name for o in m["precond_state"].kept] == ["An"] and m["precond_state"].kept_bytes == 8
+    assert [o.name for o in m["precond_diag"].kept] == ["kw", "An"] and m["precond_diag"].kept_bytes == 520
     assert m["gates"].recompute and m["gates"].cost == "loads" and not m["gates"].kept
     assert not m["wy"].recompute and m["wy"].last_read < PEAK_PHASE
     assert m["state_pass"].recompute and "state_pass" in bp.recomputed
     assert bp.kept_bytes == sum(bytes_per_token(o) for d in bp.memory for o in d.kept)
     pd = next(st for st in bp.stages if st.kind == "bwd_precond_diag")
-    assert "A_t" in pd.output_names and pd.attr("reads") == ("precond_state.An",)
-    assert {"A_t", "dA_n"} <= set(next(st for st in bp.stages if st.kind == "bwd_inputs").inputs)
+    assert "A_t" in pd.output_names and pd.attr("reads") == ("precond_diag.An",)
+    assert "A_t" in next(st for st in bp.stages if st.kind == "bwd_inputs").inputs
     text = format_plan(p)
     assert "memory model" in text and all(d.why in text for d in bp.memory)
 

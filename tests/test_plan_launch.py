@@ -33,7 +33,7 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
               "bwd_curvature_query": "chunk_bwd_curvature_query_kernel",
               "bwd_curvature_carry": "chunk_bwd_curvature_carry_kernel",
               "bwd_curvature_key": "chunk_bwd_curvature_key_kernel",
-              "bwd_precond_diag": "chunk_bwd_precond_diag_kernel", "bwd_precond_carry": "chunk_bwd_precond_carry_kernel",
+              "bwd_precond_diag": "chunk_bwd_precond_diag_kernel",
               "bwd_precond_exact": "chunk_bwd_precond_exact_kernel", "bwd_precond_gram": "chunk_bwd_precond_gram_kernel",
               "bwd_inputs": "chunk_bwd_inputs_kernel"}
 

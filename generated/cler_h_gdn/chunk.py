@@ -1297,10 +1297,10 @@ _INPUTS = ["q", "k", "v", "g", "beta"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "rn_buf", "dan_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "apdc_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
             "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
@@ -1494,10 +1494,8 @@ class _Run:
                 grid = (NT, HV, triton.cdiv(DK, BK) * (BT // BC))
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
-            elif kind == "seq_hp":  # the PDN statistic's carries: elementwise per key channel, so blocks of BK channels
+            elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "chunk_hp_keys":  # the PDN statistic per chunk, statistic head and block of BK key channels
-                grid = (NT, HP, triton.cdiv(DK, BK))
             elif kind == "key_state_tiles":  # the curvature sums' carries: per [BK, BV] tile (no term couples rows)
                 grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
             elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)

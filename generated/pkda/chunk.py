@@ -48,6 +48,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
 NAME = "pkda"
 BT = 64
 BC = 16
+BTS = 128  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
 DECAY = "vector"
 FAMILY = "tied"
 DELTA = True
@@ -204,75 +205,12 @@ def chunk_cumsum_kernel(
     b_g = tl.cumsum(b_g, axis=0)
     tl.store(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_g, mask=m_r[:, None] & m_k[None, :])
 
-# ---- stage precond_state (docs/chunk_forms.md §5): A_(n+1) = e^(c_last) A_n + Σ_t e^(c_last − c_t) inc_t -----------
-# One program per (sequence, statistic head, BK key channels), sequential over the sequence's chunks: the statistic is
-# elementwise per channel, so the carry is BK floats, and a chunk's increments reach its end as one weighted sum (no
-# scan, no map: precond_diag forms every token's statistic from the A_n stored here, chunk-parallel).
-@triton.jit
-def chunk_precond_state_kernel(
-    p_k, p_gP, p_betaP, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    i_nh = tl.program_id(0)
-    i_n = i_nh // HP
-    i_p = i_nh % HP
-    i_h = i_p
-    i_hv = i_p * G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)
-    n_tc = tl.cdiv(eos - bos, BT)
-    o_t = tl.arange(0, BT)
-    i_kb = tl.program_id(1)
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    if INTERPRET:
-        # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = 0
-        while i_tc < n_tc:
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = rows < eos
-            tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
-            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-            b_x = b_x * b_bp[:, None]
-            rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_A = b_A * tl.exp2(tl.sum(b_c, 0)) + tl.sum(b_x * b_rho[:, None], 0)
-            i_tc += 1
-    else:
-        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
-        for i_tc in range(0, n_tc):
-            t0 = bos + i_tc * BT
-            rows = t0 + o_t
-            m_r = rows < eos
-            tl.store(an_buf + ((i_cn + i_tc) * HP + i_p) * DK + o_k, b_A, mask=m_k)
-            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-            b_x = b_x * b_bp[:, None]
-            rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_A = b_A * tl.exp2(tl.sum(b_c, 0)) + tl.sum(b_x * b_rho[:, None], 0)
-    tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
-# ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k -------------------
-# One program per (chunk, statistic head, BK key channels), all in parallel from precond_state's carry A_n: within the
-# chunk the recurrence is a decayed scan (tl.associative_scan, `_decayed_sum`), then the map's transcendentals.
+# ---- stage precond_diag (docs/chunk_forms.md §5): 𝒜 = e^c ⊗ A_n + Λ Diag(βP)(stat), k̃ = map(𝒜) ⊙ k ----------------
+# One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
+# steps of BTS tokens (BTS / BT whole chunks, the plan's scan_rows): the statistic is elementwise per channel, so
+# channel blocks are independent; the carry is BK floats. Within a step the recurrence is a decayed scan
+# (tl.associative_scan, `_decayed_sum`). The kernel is bound by its instructions per element (the scan's exchanges,
+# the map's transcendentals), so the step height moves it little: 128 rows measured fastest (compiler/plan.py).
 @triton.jit
 def _fast_log(x, INTERPRET: tl.constexpr):
     """log x on the SFU (lg2.approx, |error| ≤ 2^-22.6 ln 2): the PDN map's log was ~32 of its kernels' ~100
@@ -287,40 +225,89 @@ def _fast_log(x, INTERPRET: tl.constexpr):
 
 @triton.jit
 def chunk_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, kt_buf, an_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HP: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr,
+    INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
-    i_kb = tl.program_id(2)
+    i_nh = tl.program_id(0)
+    i_n = i_nh // HP
+    i_p = i_nh % HP
     i_h = i_p
     i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    o_k = i_kb * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BTS)
+    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_rk = m_r[:, None] & m_k[None, :]
-    b_A = tl.load(an_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-    b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-    _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-    _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
-    b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
-    tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_map * b_k, mask=m_rk)
+    b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
+    n_ts = tl.cdiv(eos - bos, BTS)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_ts = 0
+        while i_ts < n_ts:
+            t0 = bos + i_ts * BTS
+            rows = t0 + o_t
+            m_r = rows < eos
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            if KEEP:
+                # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
+                # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
+                i_c0 = i_cn + i_ts * (BTS // BT)
+                tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BTS) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
+            i_ts += 1
+    else:
+        # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
+        for i_ts in range(0, n_ts):
+            t0 = bos + i_ts * BTS
+            rows = t0 + o_t
+            m_r = rows < eos
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
+            _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_x = b_x * b_bp[:, None]
+            _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            if KEEP:
+                # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
+                # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
+                i_c0 = i_cn + i_ts * (BTS // BT)
+                tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
+            _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
+            b_kt = b_map * b_k
+            tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
+            last = tl.minimum(eos - t0, BTS) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
+    tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
+
 # ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
 # Per chunk, by hierarchical references (docs/chunk_forms.md §3 applied recursively), one level per halving of the
 # 64-token chunk: at level s the pairs (t in the second half, j in the first half of an s-token block) take
@@ -1332,86 +1319,19 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
     tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
-# ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6), per chunk, in parallel ------------------------------
-#   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā_l = Λᵀ d𝒜: the reverse decayed cumsum within the chunk from a
-#   zero carry (bwd_precond_carry then carries dR_n = e^{c_first} Ā_l,first over the chunks, and bwd_inputs completes
-#   Ā = Ā_l + e^{c_last − c} dA_n where it loads Ā_l).
-#   One program per (chunk, statistic head, BK key channels); 𝒜 re-formed from the forward's carry A_n as precond_diag
-#   formed it, and stored for bwd_inputs: the backward allocates it after the chunk gradients.
-#   increment adjoint Ā_l, decay adjoint Σ_d Ā_l ⊙ (𝒜 − increment), per block of key
-#   channels (NKP partial sums, added up where the chain rule reads them).
+# ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
+#   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
+#   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
+#   channels is written per block (NKP partial sums, added up where the chain rule reads it).
+#   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
+#   𝒜 itself is re-formed per step of BTS tokens (whole chunks, as the forward steps) from the forward's carry A_n at
+#   the step's first chunk, as the forward formed it, and stored for bwd_inputs: the backward allocates it after the
+#   chunk gradients, not from the forward onwards.
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, rn_buf, aa_buf, apinc_buf, apdec_buf, cu_seqlens, chunk_indices, TT,
-    H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_p = tl.program_id(1)
-    i_kb = tl.program_id(2)
-    i_h = i_p
-    i_hv = i_p * G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_k = o_k < DK
-    m_rk = m_r[:, None] & m_k[None, :]
-    b_A = tl.load(an_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-    _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_k_k, 0.)
-    _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
-    _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
-    b_x = b_x * b_bp[:, None]
-    _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-    b_d = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
-    _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-    tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
-    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_g in range(0, G):
-        i_hv = i_p * G + i_g
-        b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
-        b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
-        b_dkt += b_dwk * b_aa
-    _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-    b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
-    b_dst = b_dmap * b_k * b_dkt
-    # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA matmul) whose
-    # factors are the next token's decays (1 past the chunk's last row: no carry enters here)
-    rows1 = rows + 1
-    m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-    _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-    b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-    b_dn = tl.zeros([BT, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
-    _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
-    b_ab = tl.where(m_rk, b_ab, 0.)
-    tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-    # what leaves the chunk through its first row: e^{c_first} Ā_l,first
-    b_r = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
-    tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
-    tl.store(rn_buf + (i_c * HP + i_p) * DK + o_k, b_r, mask=m_k)
-# ---- backward stage precond_carry (docs/chunk_forms.md §8 step 6): the statistic's adjoint carried over the chunks -----
-#   dA_n = the carry into chunk n's last row (dA_final into a sequence's last chunk); the carry out of chunk n is
-#   dR_n + e^{c_last} dA_n (bwd_precond_diag's dR_n: its zero-carry adjoint's e^{c_first} Ā_l,first); dA_0 the carry
-#   out of the first chunk. One program per (sequence, statistic head, BK key channels), reverse over the chunks, one
-#   multiply-add per chunk on the carry's path.
-#   Off that path (its loads pipelined), the carry's share of the decay adjoint, Σ_d ρ_t dA_n (𝒜_t − inc_t) with
-#   ρ_t = e^{c_last − c_t}, as this key block's partial sum (bwd_precond_diag's BK: NKP of them, stored, not added to
-#   bwd_precond_diag's, since CP runs this pass twice; in bwd_inputs, whose tiles hold whole key rows, it had pushed
-#   pkda's kernel to a spill).
-@triton.jit
-def chunk_bwd_precond_carry_kernel(
-    p_k, p_gP, p_betaP, stat_buf, rn_buf, dan_buf, da_fin, da0, apdc_buf, cu_seqlens, chunk_offsets, TT,
-    H: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens,
+    chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1420,68 +1340,106 @@ def chunk_bwd_precond_carry_kernel(
     i_hv = i_p * G
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)
-    n_tc = tl.cdiv(eos - bos, BT)
-    o_t = tl.arange(0, BT)
+    o_t = tl.arange(0, BTS)
     i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
+    i_cn = tl.load(chunk_offsets + i_n).to(tl.int64)  # the sequence's first chunk
     b_carry = tl.load(da_fin + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+    n_ts = tl.cdiv(eos - bos, BTS)
     if INTERPRET:
         # the Triton interpreter cannot take a loaded scalar as a range() bound
-        i_tc = n_tc - 1
-        while i_tc >= 0:
-            i_c = i_cn + i_tc
-            tl.store(dan_buf + (i_c * HP + i_p) * DK + o_k, b_carry, mask=m_k)
-            b_r = tl.load(rn_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            t0 = bos + i_tc * BT
+        i_ts = n_ts - 1
+        while i_ts >= 0:
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            # every token's statistic from the step's start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_ts * (BTS // BT)) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
-            rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            tl.store(apdc_buf + i_kb * TT * HP + rows * HP + i_p, b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1),
-                     mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
-            i_tc -= 1
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
+            b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BTS) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the step before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+            i_ts -= 1
     else:
-        # a for loop, so that Triton software-pipelines the next chunk's loads (num_stages: codegen/launch.py)
-        for i_rev in range(0, n_tc):
-            i_tc = n_tc - 1 - i_rev
-            i_c = i_cn + i_tc
-            tl.store(dan_buf + (i_c * HP + i_p) * DK + o_k, b_carry, mask=m_k)
-            b_r = tl.load(rn_buf + (i_c * HP + i_p) * DK + o_k, mask=m_k, other=0.)
-            t0 = bos + i_tc * BT
+        # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
+        for i_rev in range(0, n_ts):
+            i_ts = n_ts - 1 - i_rev
+            t0 = bos + i_ts * BTS
             rows = t0 + o_t
             m_r = rows < eos
             m_rk = m_r[:, None] & m_k[None, :]
-            b_stat = tl.load(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], mask=m_rk, other=0.)
+            # every token's statistic from the step's start carry, formed as the forward formed it
+            b_A = tl.load(an_buf + ((i_cn + i_ts * (BTS // BT)) * HP + i_p) * DK + o_k, mask=m_k, other=0.)
+            _b_k_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_k = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + _b_k_k, 0.)
             _b_x_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
+            b_x = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_x_k * _b_x_k), 0.)
             _b_bp_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_bp = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_bp_betaP, 0.)
+            b_bp = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + _b_bp_betaP, 0.)
             b_x = b_x * b_bp[:, None]
-            rows1 = rows + 1
-            m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-            b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-            b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-            tl.store(apdc_buf + i_kb * TT * HP + rows * HP + i_p, b_rho * tl.sum(b_carry[None, :] * (b_stat - b_x), 1),
-                     mask=m_r)
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            b_c = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            b_carry = b_r + tl.exp2(tl.sum(b_c, 0)) * b_carry
+            b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
+            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
+            b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
+            for i_g in range(0, G):
+                i_hv = i_p * G + i_g
+                b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+                b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
+                b_dkt += b_dwk * b_aa
+            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
+            b_dst = b_dmap * b_k * b_dkt
+            last = tl.minimum(eos - t0, BTS) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
+            b_ab = tl.where(m_rk, b_ab, 0.)
+            tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            # the carry into the step before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
+            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
@@ -1489,10 +1447,10 @@ def chunk_bwd_precond_carry_kernel(
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, dan_buf, ae_buf, aa_buf, abeta_buf, ag_buf, apinc_buf, apdec_buf, apdc_buf,
-    dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr,
-    HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
+    p_k, p_betaP, p_mu, stat_buf, ae_buf, aa_buf, abeta_buf, ag_buf, apinc_buf, apdec_buf, dx_k, dx_g, dx_beta,
+    dx_gP, dx_betaP, dx_mu, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, INTERPRET: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1512,12 +1470,6 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     b_stat = tl.load(stat_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    rows1 = rows + 1
-    m_r1 = (rows1 < eos) & (o_t + 1 < BT)
-    _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
-    b_cn = tl.where(m_r1, tl.zeros([BT], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
-    b_rho = tl.where(m_r, tl.exp2(tl.cumsum(b_cn, 0, reverse=True)), 0.)
-    b_pcin = tl.load(dan_buf + (i_c * HP + i_h) * DK + o_k, mask=tl.where(i_hv % G == 0, m_k, False), other=0.)
     a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
@@ -1526,10 +1478,10 @@ def chunk_bwd_inputs_kernel(
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     d_wkt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
     a_kt = d_wkt * a_a
-    a_pinc = tl.load(apinc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.) + b_rho[:, None] * b_pcin[None, :]
+    a_pinc = tl.load(apinc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     for i_kp in range(0, NKP):
-        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.) + tl.load(apdc_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+        a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
@@ -1572,10 +1524,10 @@ _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "rn_buf", "dan_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
+            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
             "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "apdc_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
             "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
@@ -1587,8 +1539,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_precond_state_kernel': ('p_k', 'p_gP', 'p_betaP', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'an_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
+    'chunk_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'KEEP'),
     'chunk_interaction_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID', 'KEEP'),
     'chunk_wy_kernel': ('p_k', 'p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
@@ -1598,9 +1549,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'rn_buf', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_precond_carry_kernel': ('p_k', 'p_gP', 'p_betaP', 'stat_buf', 'rn_buf', 'dan_buf', 'da_fin', 'da0', 'apdc_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HP', 'G', 'DK', 'BT', 'BK', 'INTERPRET'),
-    'chunk_bwd_inputs_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'dan_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'apdc_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET'),
+    'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1609,8 +1559,7 @@ def _kernels():
     """(name, kernel, grid kind) of the forward: the plan's launches, in its order."""
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("precond_state", chunk_precond_state_kernel, "seq_hp"),
-        ("precond_diag", chunk_precond_diag_kernel, "chunk_hp_keys"),
+        ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
@@ -1628,8 +1577,7 @@ def _rerun_kernels(kept):
         ]
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("precond_state", chunk_precond_state_kernel, "seq_hp"),
-        ("precond_diag", chunk_precond_diag_kernel, "chunk_hp_keys"),
+        ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
@@ -1637,7 +1585,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["g_buf", "an_buf", "kt_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
+_KEPT_BUFFERS = ["g_buf", "kt_buf", "an_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
 
 
 def _next_pow2(x):
@@ -1725,7 +1673,7 @@ class _Run:
     def _launch_list(self, kernels):
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
-        consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
+        consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BTS=BTS, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       NKP=self.nkp, NKG=self.nkg, NKC=self.nkc)
@@ -1740,10 +1688,8 @@ class _Run:
                 grid = (NT, HV, triton.cdiv(DK, BK) * (BT // BC))
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
-            elif kind == "seq_hp":  # the PDN statistic's carries: elementwise per key channel, so blocks of BK channels
+            elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
                 grid = (N * HP, triton.cdiv(DK, BK))
-            elif kind == "chunk_hp_keys":  # the PDN statistic per chunk, statistic head and block of BK key channels
-                grid = (NT, HP, triton.cdiv(DK, BK))
             elif kind == "key_state_tiles":  # the curvature sums' carries: per [BK, BV] tile (no term couples rows)
                 grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
             elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)
@@ -1774,7 +1720,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["g_buf"] = (TT * HV * DK, f32)
     b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
     b["kt_buf"] = (TT * HP * DK, f32)
-    b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_state, for precond_diag)
+    if keep:
+        b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
     b["t_buf"] = (TT * HV * BT, dt)
     b["w_buf"] = (TT * HV * DK, dt)
     b["u_buf"] = (TT * HV * DV, dt)
@@ -1876,9 +1823,6 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if dt_id and interpret:
         dt_id += 2
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
-    if launch_config("bwd_precond_carry", DK, DV)[0] != launch_config("bwd_precond_diag", DK, DV)[0]:
-        # bwd_precond_carry's partial sums of the decay adjoint are bwd_precond_diag's blocks of key channels
-        raise ValueError(f"{NAME}: the launch settings of bwd_precond_carry and bwd_precond_diag must share BK")
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
@@ -1909,11 +1853,10 @@ def _cp_kernels():
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ],
         "aux": [
-            ("precond_state", chunk_precond_state_kernel, "seq_hp"),
+            ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ],
         "after_aux": [
-            ("precond_state", chunk_precond_state_kernel, "seq_hp"),
-            ("precond_diag", chunk_precond_diag_kernel, "chunk_hp_keys"),
+            ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
             ("interaction", chunk_interaction_kernel, "chunk"),
             ("wy", chunk_wy_kernel, "chunk"),
         ],
@@ -2026,8 +1969,7 @@ def _bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
-        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "chunk_hp_keys"),
-        ("bwd_precond_carry", chunk_bwd_precond_carry_kernel, "seq_hp"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
@@ -2044,10 +1986,9 @@ def _cp_bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk", None),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys", None),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
-        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "chunk_hp_keys", None),
-        ("bwd_precond_carry", chunk_bwd_precond_carry_kernel, "seq_hp", "aux_first"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp", "aux_first"),
         ("cp_aux", None, "hook", None),
-        ("bwd_precond_carry", chunk_bwd_precond_carry_kernel, "seq_hp", "aux_again"),
+        ("bwd_precond_diag", chunk_bwd_precond_diag_kernel, "seq_hp", "aux_again"),
         ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
 
@@ -2236,11 +2177,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["da_fin"] = fin("A")
     make["da0"] = (N * HP * DK, fp32)
     make["stat_buf"] = (TT * HP * DK, fp32)  # every token's statistic, re-formed by bwd_precond_diag for bwd_inputs
-    make["apinc_buf"] = (TT * HP * DK, fp32)  # the increments' adjoint from a zero carry into each chunk
+    make["apinc_buf"] = (TT * HP * DK, fp32)
     make["apdec_buf"] = (run.nkp * TT * HP, fp32)  # one partial sum per block of key channels
-    make["apdc_buf"] = (run.nkp * TT * HP, fp32)  # and of the carry's share (bwd_precond_carry, the same blocks)
-    make["rn_buf"] = (NT * HP * DK, fp32)  # what leaves each chunk through its first row
-    make["dan_buf"] = (NT * HP * DK, fp32)  # the carry into each chunk's last row (bwd_precond_carry)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
