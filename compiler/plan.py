@@ -710,8 +710,9 @@ def _output_in_state_pass(b: _Builder) -> bool:
     0.146 + 0.254 for the two launches (run 65).
 
     And only where the query and write key are 16-bit tiles: with a fp32 k̃ (PDN, exact ATK) or q̂ (exact ATQ; CCQ's
-    before it became a pair) tile, Triton 3.6's sm_90 build of the fused kernel returned NaN for pgdn's o and S at the
-    shipped launch setting and faulted at others (H200, run 40; gdn, simple_gla and deltanet verified there).
+    before it became a pair) tile the fused kernel re-forms fp32-wide scores in every value block. H200, pgdn at
+    B = 4, T = 4096, H = 16, dk = dv = 128 (run 88, benchmarks/plan_experiment.py --patch fuse_output): correct, but
+    0.562 ms against 0.156 + 0.188 for the two launches (in run 40 Triton 3.6's build of it had returned NaN).
 
     CCQ's q̂ is a pair in the input dtype (rule_curvature_query) whose rounded part is what the fused kernel's
     matmuls read: a 16-bit tile like gdn's, so its read is fused too."""
