@@ -20,36 +20,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.runtime.compile import load_chunk  # noqa: E402
-from dgps.runtime.reference import random_states, state_shapes  # noqa: E402
-from dgps.runtime.tensors import Dims  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grad_errors import grad_errors  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def errors(name: str, B: int, T: int, H: int, HV: int, dk: int, dv: int, dtype: torch.dtype, seed: int) -> dict:
     rec = dgps.load(os.path.join(os.path.dirname(dgps.__file__), "specs", f"{name}.dgps"))
-    dims = Dims(B, T, H, HV, dk, dv)
-    x = {k: v.to(dtype) for k, v in rec.random_inputs(B, T, H, dk, dv, HV, dtype=torch.float32, seed=seed).items()}
-    states = random_states(rec.ir, dims, B, seed)  # consistent ones (CCQ's C_0 a sum of k kᵀ, m_0 and n_0 with it)
-    gen = torch.Generator().manual_seed(seed + 1)
-    do = torch.randn(B, T, HV, dv, generator=gen).to(dtype)
-    dfinal = {k: torch.randn(s, generator=gen) for k, s in state_shapes(rec.ir, dims, B).items() if k != "n"}
-    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
-    s64 = {k: v.double().requires_grad_(k != "n") for k, v in states.items()}
-    out = rec.reference(**x64, initial_state=s64, output_final_state=True)
-    loss = (out.o * do.double()).sum() + sum((out.final_state[k] * g.double()).sum() for k, g in dfinal.items())
-    leaves = {**x64, **{f"S:{k}": s64[k] for k in dfinal}}
-    ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True), strict=True))
-    mod = load_chunk(rec.ir)
-    fwd = mod.chunk_forward(x, initial_state=states, output_final_state=True)
-    gx, gs = mod.chunk_backward(x, initial_state=states, do=do, d_final_state=dfinal)
-    ours = {**gx, **{f"S:{k}": v for k, v in gs.items()}}
-    errs = {"o": ((fwd.o.double() - out.o).norm() / out.o.norm()).item()}
-    for k, want in ref.items():
-        if want is not None and want.norm() > 0:
-            errs["d" + k] = ((ours[k].double() - want).norm() / want.norm()).item()
-    return errs
+    return grad_errors(rec, B, T, H, HV, dk, dv, dtype, seed)
 
 
 def main() -> None:

@@ -41,42 +41,10 @@ def renamed(text: str, name: str, suffix: str) -> str:
     return text.replace(f"recurrence {name}", f"recurrence {name}__{suffix}", 1)
 
 
-def errors(rec, B: int, T: int, H: int, D: int, dtype: torch.dtype, dev: str) -> dict[str, float]:  # noqa: ANN001
-    """Relative errors of o, the final states and every gradient of the chunk training path against float64."""
-    from dgps.runtime.compile import load_chunk
-    from dgps.runtime.reference import random_states, state_shapes
-    from dgps.runtime.tensors import Dims
-
-    dims = Dims(B, T, H, H, D, D)
-    x = {k: v.to(dtype).to(dev) for k, v in rec.random_inputs(B, T, H, D, D, H, seed=0).items()}
-    st = {k: v.to(dev) for k, v in random_states(rec.ir, dims, B, 0).items()}
-    gen = torch.Generator().manual_seed(1)
-    do = torch.randn(B, T, H, D, generator=gen).to(dtype).to(dev)
-    dfin = {k: torch.randn(s, generator=gen).to(dev) for k, s in state_shapes(rec.ir, dims, B).items() if k != "n"}
-    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
-    s64 = {k: v.double().requires_grad_(k != "n") for k, v in st.items()}
-    out = rec.reference(**x64, initial_state=s64, output_final_state=True)
-    loss = (out.o * do.double()).sum() + sum((out.final_state[k] * g.double()).sum() for k, g in dfin.items())
-    leaves = {**x64, **{f"state {k}": s64[k] for k in dfin}}
-    ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True), strict=True))
-    mod = load_chunk(rec.ir)
-    fwd, kept = mod.chunk_forward_train(x, initial_state=st)
-    gx, gs = mod.chunk_backward(x, initial_state=st, do=do, d_final_state=dfin, kept=kept)
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    ours = {"o": fwd.o, **{f"final {k}": v for k, v in fwd.final_state.items() if k != "n"}, **gx,
-            **{f"state {k}": v for k, v in gs.items()}}
-    want = {"o": out.o, **{f"final {k}": v for k, v in out.final_state.items() if k != "n"}, **ref}
-    errs = {}
-    for k, w in want.items():
-        w = torch.zeros_like(ours[k], dtype=torch.float64) if w is None else w.detach()
-        errs[k] = ((ours[k].double() - w).norm() / w.norm().clamp_min(1e-30)).item()
-    return errs
-
-
 def main() -> int:
     from bench_backward import kernel_times
     from bench_fla import fwd_bwd, interleaved
+    from grad_errors import grad_errors
 
     import dgps
 
@@ -102,7 +70,9 @@ def main() -> int:
         row: dict[str, dict] = {"errors": {}, "fwd_ms": {}, "fwdbwd_ms": {}, "kernels": {}}
         for dt in a.check_dtypes:
             for key, rec in recs.items():
-                e = errors(rec, *a.check_shape, {"bf16": torch.bfloat16, "fp32": torch.float32}[dt], a.device)
+                B0, T0, H0, D0 = a.check_shape
+                e = grad_errors(rec, B0, T0, H0, H0, D0, D0, {"bf16": torch.bfloat16, "fp32": torch.float32}[dt],
+                                seed=0, device=a.device, train=True)
                 row["errors"][f"{key} {dt}"] = e
                 print(f"{key:<28} {dt} worst {max(e.values()):.2e}  "
                       + " ".join(f"{k}={v:.1e}" for k, v in e.items()), flush=True)
