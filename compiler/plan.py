@@ -346,7 +346,12 @@ def rule_gates(b: _Builder) -> None:
     outs = []
     for role, expr in computed:
         bind.update(b.operands_of(expr))
-        outs.append(b.new(role, b.expr_shape(expr), "fp32"))
+        shape = b.expr_shape(expr)
+        if role == "g" and b.s.decay == "vector" and _dims(shape)[-1:] != ("dk",):
+            # one log-gate per key channel by the decay's kind, whatever its expression reads: vector(c) of a
+            # constant c (what `vector(-softplus(p - p))` simplifies to) is a per-channel gate all the same
+            shape = _shape(*(_dims(shape) or ("HV",)), "dk")
+        outs.append(b.new(role, shape, "fp32"))
     # fused: no launch of its own; every consumer evaluates the expressions on its tile loads
     b.add("gates", "gates", bind, outs, exprs=tuple(computed), fused="loads")
 

@@ -446,3 +446,10 @@ def test_training_path_with_the_output_unfused(name: str, monkeypatch: pytest.Mo
     mod = load_chunk(load(name).ir)
     monkeypatch.setattr(mod, "FUSE_OUTPUT", False)
     _check_training_path(name, 32, seed=5)
+
+
+def test_vector_decay_of_a_constant() -> None:
+    # tests/vector_decay_constant.dgps: vector(c) with c a constant still plans, lowers and differentiates as a
+    # per-channel decay (the plan's gate operand ends in dk); three chunks, grouped value heads
+    assert supports_chunk_backward(load("vector_decay_constant").ir)[0]
+    check_gradients("vector_decay_constant", HV=4)
