@@ -92,7 +92,7 @@ from ..compiler.plan import (
     tied_keys_of,
 )
 from .address import ROWS, row_offset
-from .decay import decay_hook
+from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
@@ -970,6 +970,9 @@ def render_chunk(ir: IR) -> str:
                ir_text=_ir_comment(ir),
                ir_source=ir_source(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
     src = _env().get_template("chunk_module.jinja").render(**ctx)
+    src = re.sub(rf"^[ \t]*{re.escape(OMIT)}\n", "", src, flags=re.M)  # what a hook left out
+    if OMIT in src:
+        raise AssertionError(f"{ir.name}: a hook's OMIT inside a line of generated code")
     src = re.sub(r"[ \t]+\n", "\n", src)
     src = re.sub(r"\n{3,}(?=\S)", "\n\n\n", src)
     return _prune_kernel_params(src)

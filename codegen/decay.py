@@ -2,9 +2,11 @@
 
 A template says *where* the decay acts (a row factor on a tile, the factor to the chunk's end, the carry of a
 state, a pair factor of a c×c matrix); the hook says *how* for its kind — a per-token scalar broadcast over
-channels, a per-channel vector, or nothing. Templates branch on `decay_hook.decays` (is there a decay at all)
-and, where the algorithm differs (vector decay's sub-chunk reference points, scalar decay's c×c mask), on
-`per_channel` / `per_token`; the per-kind arithmetic lives here, once.
+channels, a per-channel vector, or nothing. Without a decay every factor is 1: a factor method gives "" (no
+factor), `times` leaves its operand as it is and a statement the decay alone needs (`rescale`, `chunk_gates`,
+`only`) gives OMIT, a line that rendering drops (codegen/chunk.py: render_chunk). So a template writes the decayed
+form once and no decay-kind `{% if %}` surrounds it; it branches on `per_channel` / `per_token` only where the
+algorithm differs (vector decay's sub-chunk reference points, scalar decay's c×c mask).
 
 Every exponent is ≤ 0 by construction (b is a chunk-local inclusive cumsum of log-gates ≤ 0, in log2 units).
 """
@@ -15,10 +17,17 @@ from dataclasses import dataclass
 
 from .address import row_offset
 
+OMIT = "#<omit>"  # a line that a hook leaves out: render_chunk drops every line holding only this
+
+
+def _lines(stmts: list[str], indent: int) -> str:
+    """Statements as one template line's text: the template indents the first, `indent` spaces the rest."""
+    return ("\n" + " " * indent).join(stmts) if stmts else OMIT
+
 
 @dataclass(frozen=True)
 class Decay:
-    """No decay: every factor is 1 (callers skip the multiplication: `decays` is False)."""
+    """No decay: every factor is 1 ("" from a factor method; `times` and `rescale` leave their operand as it is)."""
 
     kind: str = "none"
 
@@ -36,25 +45,83 @@ class Decay:
         """One log-gate per token and head (factors are vectors broadcast over the channels)."""
         return self.kind == "scalar"
 
-    def load(self, var: str, rows: str, mask: str) -> str:
-        """`var` = the chunk cumsum b at `rows` ([R] per token, [R, BK] per channel)."""
-        raise NotImplementedError(f"no gate cumsum without a decay ({self.kind})")
-
-    def load_last(self, var: str = "b_gl", last: str = "last") -> str:
-        """`var` = b at the chunk's last token ([] or [BK])."""
-        raise NotImplementedError(f"no gate cumsum without a decay ({self.kind})")
-
+    # -- where the decay acts: each factor as an expression ("" without a decay) ------------------------------------
     def rows(self, g: str) -> str:
         """e^{b_t} broadcast over a [R, channels] tile."""
-        raise NotImplementedError(self.kind)
+        return ""
 
     def to_end(self, gl: str, g: str) -> str:
         """e^{b_c − b_t} (token t to the chunk's end) broadcast over a [R, channels] tile."""
-        raise NotImplementedError(self.kind)
+        return ""
 
     def state(self, gl: str) -> str:
         """e^{b_c} broadcast over a [BK, BV] state tile."""
-        raise NotImplementedError(self.kind)
+        return ""
+
+    def pair(self, gi: str, gj: str, transposed: bool = False) -> str:
+        """e^{b_i − b_j} of a c×c matrix (per-token decay only: per-channel pairs need sub-chunk references)."""
+        return ""
+
+    # -- applying a factor --------------------------------------------------------------------------------------------
+    def times(self, x: str, factor: str) -> str:
+        """`x` scaled by `factor` (a factor method's expression, or a variable a decay statement bound)."""
+        return f"{x} * {factor}" if self.decays and factor else x
+
+    def rescale(self, var: str, factor: str) -> str:
+        """The statement `var = var * factor`; OMIT without a decay."""
+        return f"{var} = {var} * {factor}" if self.decays and factor else OMIT
+
+    def only(self, stmt: str) -> str:
+        """A statement (or several) that only a decay needs; OMIT without one."""
+        return stmt if self.decays else OMIT
+
+    def mention(self, words: str, otherwise: str = "") -> str:
+        """Words of a comment that describe the decay's part; `otherwise` without one."""
+        return words if self.decays else otherwise
+
+    # -- the chunk's gates -------------------------------------------------------------------------------------------
+    def load(self, var: str, rows: str, mask: str) -> str:
+        """`var` = the chunk cumsum b at `rows` ([R] per token, [R, BK] per channel); OMIT without a decay."""
+        return OMIT
+
+    def load_last(self, var: str = "b_gl", last: str = "last") -> str:
+        """`var` = b at the chunk's last token ([] or [BK]); OMIT without a decay."""
+        return OMIT
+
+    def last_row(self) -> str:
+        """`last` = the chunk's last row (where b_c is read); OMIT without a decay."""
+        return "last = t0 + tl.minimum(eos - t0, BT) - 1" if self.decays else OMIT
+
+    def chunk_gates(self, rows: str, mask: str, indent: int, *, g: str = "b_g", factors: bool = False) -> str:
+        """The chunk's last row `last`, b at `rows` (`g`) and at `last` (b_gl); with `factors` also b_eb = e^{b_t} and
+        b_ecb = e^{b_c − b_t} as tile factors. OMIT without a decay."""
+        if not self.decays:
+            return OMIT
+        stmts = [self.last_row(), self.load(g, rows, mask), self.load_last()]
+        if factors:
+            stmts += [f"b_eb = {self.rows(g)}", f"b_ecb = {self.to_end('b_gl', g)}"]
+        return _lines(stmts, indent)
+
+    def either(self, decayed: str, plain: str) -> str:
+        """Code whose decayed form is not the plain one times a factor (the plain one without a decay)."""
+        return decayed if self.decays else plain
+
+    # -- the log-gate's gradient in bwd_grads (docs/chunk_forms.md §8): db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end terms,
+    #    then dg = the reverse cumsum of db within the chunk. The kernel's names: b_db (db), b_a (write key), b_das (the
+    #    state's share of da), b_dhc (Σ_v H ⊙ dH), b_gl (b_c), b_ecb (e^{b_c − b_t}), last (the chunk's last row).
+    def gate_share(self, op: str, tile: str) -> str:
+        """db op= the share of a [BT, BK] product tile (op "+" or "-"); OMIT without a decay."""
+        return OMIT
+
+    def end_share(self, indent: int) -> str:
+        """The state's share of da scaled to the chunk's end (b_das) and b_end, the end-of-chunk term of db:
+        Σ_j a_j ⊙ da^state_j + e^{b_c} Σ_v H ⊙ dH; OMIT without a decay."""
+        return OMIT
+
+    def store_gate_grad(self, rows: str, indent: int) -> str:
+        """b_end added at the chunk's last row, then dg = the reverse cumsum of db stored to ag_buf; OMIT without a
+        decay."""
+        return OMIT
 
 
 @dataclass(frozen=True)
@@ -85,6 +152,21 @@ class ScalarDecay(Decay):
             return f"tl.exp2(tl.minimum({gi}[None, :] - {gj}[:, None], 0.))"
         return f"tl.exp2(tl.minimum({gi}[:, None] - {gj}[None, :], 0.))"
 
+    def gate_share(self, op: str, tile: str) -> str:
+        # one log-gate per token: this key block's share of the sum over the key channels
+        return f"b_db {op}= tl.sum(tl.where(m_rk, {tile}, 0.), 1)"
+
+    def end_share(self, indent: int) -> str:
+        return _lines(["b_das = b_das * b_ecb", self.gate_share("-", "b_a * b_das"),
+                       "b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)"], indent)
+
+    def store_gate_grad(self, rows: str, indent: int) -> str:
+        # one partial sum per key block (i_k), which bwd_inputs adds in a fixed order
+        return _lines(["b_db = tl.where(rows == last, b_db + b_end, b_db)",
+                       "b_db = tl.where(m_r, b_db, 0.)",
+                       "b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db",
+                       f"tl.store(ag_buf + i_k * TT * HV + {row_offset(rows, 'HV', 'i_hv')}, b_dg, mask=m_r)"], indent)
+
 
 @dataclass(frozen=True)
 class VectorDecay(Decay):
@@ -113,6 +195,20 @@ class VectorDecay(Decay):
 
     def state(self, gl: str) -> str:
         return f"tl.exp2({gl})[:, None]"
+
+    def gate_share(self, op: str, tile: str) -> str:
+        return f"b_db {op}= {tile}"
+
+    def end_share(self, indent: int) -> str:
+        # a's own share (b_db −= a ⊙ da^state, a tile per channel) is taken in store_gate_grad, after da's store
+        return _lines(["b_das = b_das * b_ecb", "b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc"], indent)
+
+    def store_gate_grad(self, rows: str, indent: int) -> str:
+        return _lines([self.gate_share("-", "b_a * b_das"),
+                       "b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)",
+                       "b_db = tl.where(m_rk, b_db, 0.)",
+                       "b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db",
+                       f"tl.store(ag_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, b_dg, mask=m_rk)"], indent)
 
 
 DECAY_HOOKS: dict[str, Decay] = {"none": Decay(), "scalar": ScalarDecay(), "vector": VectorDecay()}

@@ -1147,8 +1147,8 @@ def chunk_bwd_grad_kernel(
     b_dq += b_dqs
     # bwd_solve's two shares, added in the fused kernel's order (dS ⊙ S first, dL' ⊙ L' after the state terms)
     b_dbl = tl.where(i_k == 0, tl.load(dgl_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.)
-    b_db = tl.where(i_k == 0, tl.load(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) + \
-        tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
+    b_db = tl.where(i_k == 0, tl.load(dgs_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.)
+    b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
     tl.store(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_dq, mask=m_rk)
     b_das = b_das * b_ecb
     b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
