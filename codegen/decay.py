@@ -80,6 +80,15 @@ class Decay:
         return words if self.decays else otherwise
 
     # -- the chunk's gates -------------------------------------------------------------------------------------------
+    @property
+    def side(self) -> str | None:
+        """The gate tile's channel side for the spec's expression emitter: "key" per channel, None per token."""
+        return "key" if self.per_channel else None
+
+    def store(self, var: str, rows: str, mask: str) -> str:
+        """Store `var` as the chunk cumsum b at `rows` (the chunk_cumsum stage); OMIT without a decay."""
+        return OMIT
+
     def load(self, var: str, rows: str, mask: str) -> str:
         """`var` = the chunk cumsum b at `rows` ([R] per token, [R, BK] per channel); OMIT without a decay."""
         return OMIT
@@ -136,6 +145,9 @@ class ScalarDecay(Decay):
     def load_last(self, var: str = "b_gl", last: str = "last") -> str:
         return f"{var} = tl.load(g_buf + {last} * HV + i_hv)"
 
+    def store(self, var: str, rows: str, mask: str) -> str:
+        return f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv')}, {var}, mask={mask})"
+
     def rows(self, g: str) -> str:
         return f"tl.exp2({g})[:, None]"
 
@@ -180,6 +192,10 @@ class VectorDecay(Decay):
 
     def load_last(self, var: str = "b_gl", last: str = "last") -> str:
         return f"{var} = tl.load(g_buf + ({last} * HV + i_hv) * DK + o_k, mask=m_k, other=0.)"
+
+    def store(self, var: str, rows: str, mask: str) -> str:
+        return (f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, {var}, "
+                f"mask={mask}[:, None] & m_k[None, :])")
 
     def rows(self, g: str) -> str:
         return f"tl.exp2({g})"
