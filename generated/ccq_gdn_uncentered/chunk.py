@@ -405,7 +405,8 @@ def chunk_curvature_query_kernel(
         tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_rc)
         tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], _remainder_for(b_qh, b_hi, ql_buf, DT_ID), mask=m_rc)
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
-# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja)
+# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja; the additive family
+# has no interaction stage without a per-channel decay: compiler/plan.py, rule_interaction)
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.

@@ -202,7 +202,8 @@ def chunk_cumsum_kernel(
     tl.store(g_buf + t0 * HV + ((o_t) * HV + i_hv), b_g, mask=m_r)
 
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
-# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja)
+# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja; the additive family
+# has no interaction stage without a per-channel decay: compiler/plan.py, rule_interaction)
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.

@@ -270,7 +270,8 @@ def chunk_precond_exact_kernel(
         tl.store(kt_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), b_Z / b_d[:, None], mask=m_r[:, None] & m_k[None, :])
 
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
-# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja)
+# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja; the additive family
+# has no interaction stage without a per-channel decay: compiler/plan.py, rule_interaction)
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.

@@ -307,7 +307,8 @@ def chunk_precond_diag_kernel(
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
 
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
-# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja)
+# (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja; the additive family
+# has no interaction stage without a per-channel decay: compiler/plan.py, rule_interaction)
 # Per chunk, on 4×4 sub-blocks of 16 rows (I: rows, J: columns, J ≤ I):
 #   L'_IJ = [E ⋆⁻ A]_IJ  (E = erase key, A = write key), then T = (I + Diag(β)L')⁻¹ Diag(β): forward
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
