@@ -360,7 +360,7 @@ def rule_chunk_cumsum(b: _Builder) -> None:
     g = b.op("g")
     if g is not None:
         gshape = b.types[g].shape if g in b.types else b.ir.input(g).shape_text().replace(" ", "")
-        vec = "dk" if _dims(gshape)[-1] == "dk" else ""
+        vec = "dk" if _dims(gshape)[-1:] == ("dk",) else ""  # a constant gate (scalar(c)) has no dims
         exclusive = b.family != "additive" and b.s.erase_reads == "undecayed"
         outs = [b.new("b", _shape("B", "T", "HV", vec), "fp32")]
         if exclusive:
@@ -1453,7 +1453,7 @@ def _tc_chunk_cumsum(st: Stage, t: dict[str, Operand]) -> None:
     (g,) = st.inputs
     gd = t[g].dims
     for o in st.outputs:
-        if o.dtype != "fp32" or o.dims[:2] != ("B", "T") or (gd[-1] == "dk") != (o.dims[-1] == "dk"):
+        if o.dtype != "fp32" or o.dims[:2] != ("B", "T") or (gd[-1:] == ("dk",)) != (o.dims[-1] == "dk"):
             raise PlanTypeError(f"{st.name}: {o} is not the fp32 chunk cumsum of {t[g]}")
 
 

@@ -448,8 +448,10 @@ def test_training_path_with_the_output_unfused(name: str, monkeypatch: pytest.Mo
     _check_training_path(name, 32, seed=5)
 
 
-def test_vector_decay_of_a_constant() -> None:
-    # tests/vector_decay_constant.dgps: vector(c) with c a constant still plans, lowers and differentiates as a
-    # per-channel decay (the plan's gate operand ends in dk); three chunks, grouped value heads
-    assert supports_chunk_backward(load("vector_decay_constant").ir)[0]
-    check_gradients("vector_decay_constant", HV=4)
+@pytest.mark.parametrize("name", ["vector_decay_constant", "scalar_decay_constant"])
+def test_decay_of_a_constant(name: str) -> None:
+    # tests/{vector,scalar}_decay_constant.dgps: a decay whose expression simplifies to a constant still plans, lowers
+    # and differentiates as its kind says (vector(c): the plan's gate operand ends in dk; scalar(c): a gate with no
+    # dims); three chunks, grouped value heads
+    assert supports_chunk_backward(load(name).ir)[0]
+    check_gradients(name, HV=4)
