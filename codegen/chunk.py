@@ -664,10 +664,13 @@ def _context(ir: IR) -> dict:
         ir=ir,
         beta=s.beta,
         target=s.target,
+        # untied DPLR's write value V' = β Z, read whole by its value streams (the plan's vp); the tied and additive
+        # families read Z and apply β themselves
+        write_value=s.canonical()[2],
         write_key=s.write_key,
         erase_key=ek,
         log_gate=ir.decay.log_gate,
-        has_beta=s.beta != 1,
+        has_beta=s.beta != 1 and st.tied,  # untied: β is inside V' (write_value)
         reads_l=backward_reads_l(plan),
         BT=BT,
         BC=BC,
@@ -772,9 +775,12 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
             parts.append(_Part("lg", ir.decay.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
         else:
             parts.append(_Part("lg", ir.decay.log_gate, None, _key_partials("a_lg", "ag_buf")))
-    if delta or s.beta != 1:
+    if ir.structure.tied and (delta or s.beta != 1):
         parts.append(_Part("beta", s.beta, None, _key_partials("a_beta", "abeta_buf")))
-    parts.append(_Part("z", s.target, "value", "a_z = " + _tok("az_buf", "value")))
+    # the value stream's adjoint: of Z (tied, additive: β has its own part) or of V' = β Z (untied DPLR, whose
+    # kernels read V' whole: compiler/plan.py, role_exprs' vp)
+    value = s.target if ir.structure.tied else s.canonical()[2]
+    parts.append(_Part("z", value, "value", "a_z = " + _tok("az_buf", "value")))
     if not ir.structure.tied:  # untied DPLR: the erase vector e and the write-back vector f
         e, f, _, _ = s.canonical()
         parts.append(_Part("e", e, "key", "a_e = " + _tok("ae_buf", "key")))

@@ -145,7 +145,10 @@ class Lowering:
                 if eps < 0:
                     raise WrongKind(eps_e.loc, what="the l2norm eps", expected="a number >= 0",
                                     expr=ast.expr_text(eps_e), kind=str(eps), fix="use e.g. l2norm(x, 1e-6)")
-        key = (call.func, arg, eps)
+        # the side is part of the key: l2norm(2 * (pk - pk)) over key channels and l2norm(2 * (pv - pv)) over value
+        # channels simplify to the same argument (0) but are different vectors (one was merged into the other's
+        # side, and the value gain became a key-channel vector)
+        key = (call.func, arg, eps, side)
         if key not in self.reductions:
             taken = set(self.scope.first_loc) | set(self.scope.decls) | set(self.scope.lets) | {
                 r.name for r in self.reductions.values()}

@@ -794,7 +794,9 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
     def reads(expr: Any) -> tuple[str, ...]:
         return tuple(sorted(n for n in (x.name for x in getattr(expr, "free_symbols", ())) if n in names))
 
-    parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(s.target))]
+    # the value stream: Z (tied and additive: β is its own part) or V' = β Z (untied DPLR: role_exprs' vp)
+    value = s.target if ir.structure.tied else s.canonical()[2]
+    parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(value))]
     if not ir.structure.additive and s.erase_key is not None and s.erase_key != s.write_key:
         # tied keys (E = A) have one adjoint for both roles: bwd_grads sums them (one fp32 [T, HV, dk] buffer fewer)
         parts.append(("dke", reads(s.erase_key)))
@@ -1516,7 +1518,7 @@ def _tc_triangular_solve(st: Stage, t: dict[str, Operand]) -> None:
         raise PlanTypeError(f"{st.name}: the solve maps [B,NT,HV,C,C] to [B,NT,HV,C,C]")
     if "beta" in st.bind:
         i = st.bind["beta"]
-        if t[i].dims[-1] in ("dk", "dv"):
+        if t[i].dims[-1:] in (("dk",), ("dv",)):  # a constant gain (gain 0.5) has no dims
             raise PlanTypeError(f"{st.name}: the gain {t[i]} must be one number per token")
 
 

@@ -79,9 +79,13 @@ def _free_expr(draw: st.DrawFn, b: _Builder, side: str, depth: int = 2) -> str:
 def _log_gate(draw: st.DrawFn, b: _Builder, side: str) -> str:
     """A provably non-positive log-gate expression."""
     role = "token" if side == "token" else "key_channel"
-    form = draw(st.sampled_from(["input", "logsigmoid", "neg_softplus", "mamba"]))
+    # a constant gate reads no input (the plan's gate operand has no dims); the checker asks a vector decay for a
+    # key-channel expression, so only the per-token side draws one
+    form = draw(st.sampled_from(["input", "logsigmoid", "neg_softplus", "mamba"] + (["constant"] if side == "token" else [])))
     if form == "input":
         return b.input(f"g{side[0]}", f"{role} log_gate")
+    if form == "constant":
+        return f"logsigmoid({draw(st.sampled_from(['0.5', '-1', '2']))})"
     x = draw(_free_expr(b, side))
     if form == "logsigmoid":
         return f"logsigmoid({x})"
@@ -94,8 +98,11 @@ def _log_gate(draw: st.DrawFn, b: _Builder, side: str) -> str:
 @st.composite
 def _unit(draw: st.DrawFn, b: _Builder, side: str = "token", key_head: bool = False) -> str:
     role = {"token": "token", "key": "key_channel", "value": "value_channel"}[side]
-    if draw(st.booleans()):
+    form = draw(st.sampled_from(["input", "expr"] + (["constant"] if side == "token" else [])))
+    if form == "input":
         return b.input(f"u{side[0]}{'k' if key_head else ''}", f"{role} unit" + (" key_head" if key_head else ""))
+    if form == "constant":  # a per-token gain, rate or λ that reads no input (gain 0.5)
+        return draw(st.sampled_from(["0.5", "1", "0.25"]))
     return f"sigmoid({draw(_free_expr(b, side))})"
 
 

@@ -286,8 +286,8 @@ def test_vector_decay_backward_hypothesis(name: str, T: int, G: int, dk: int, cu
 
 
 # untied DPLR: rwkv7_dplr's erase reads the undecayed state (rows decay with b_{t-1}); tests/dplr_decayed.dgps the
-# decayed one (b_t)
-UNTIED = ["rwkv7_dplr", "dplr_decayed"]
+# decayed one (b_t); tests/dplr_gained.dgps the decayed one with a write gain (v' = β v)
+UNTIED = ["rwkv7_dplr", "dplr_decayed", "dplr_gained"]
 
 
 @pytest.mark.parametrize("layout", [{"HV": 4}, {"varlen": True}, {}], ids=["gva", "varlen", "plain"])
@@ -448,10 +448,10 @@ def test_training_path_with_the_output_unfused(name: str, monkeypatch: pytest.Mo
     _check_training_path(name, 32, seed=5)
 
 
-@pytest.mark.parametrize("name", ["vector_decay_constant", "scalar_decay_constant"])
-def test_decay_of_a_constant(name: str) -> None:
-    # tests/{vector,scalar}_decay_constant.dgps: a decay whose expression simplifies to a constant still plans, lowers
-    # and differentiates as its kind says (vector(c): the plan's gate operand ends in dk; scalar(c): a gate with no
-    # dims); three chunks, grouped value heads
+@pytest.mark.parametrize("name", ["vector_decay_constant", "scalar_decay_constant", "gain_constant"])
+def test_constant_operands(name: str) -> None:
+    # tests/{vector,scalar}_decay_constant.dgps, tests/gain_constant.dgps: a decay or gain whose expression is (or
+    # simplifies to) a constant still plans, lowers and differentiates as its kind says (vector(c): the plan's gate
+    # operand ends in dk; scalar(c) and gain 0.5: operands with no dims); three chunks, grouped value heads
     assert supports_chunk_backward(load(name).ir)[0]
     check_gradients(name, HV=4)

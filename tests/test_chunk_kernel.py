@@ -162,18 +162,20 @@ def test_infinite_and_huge_gates(name):
     assert _rel(out.o, ref.o) <= 1e-4 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-4
 
 
-# untied DPLR whose erase reads the decayed state (rwkv7_dplr's reads the undecayed one)
+# untied DPLR whose erase reads the decayed state (rwkv7_dplr's reads the undecayed one); the same with a write gain
 DPLR_DECAYED = (Path(__file__).resolve().parent / "dplr_decayed.dgps").read_text()
-EXTRA = {"dplr_decayed": DPLR_DECAYED}
+EXTRA = {"dplr_decayed": DPLR_DECAYED,
+         "dplr_gained": (Path(__file__).resolve().parent / "dplr_gained.dgps").read_text()}
 
 
+@pytest.mark.parametrize("name", ["dplr_decayed", "dplr_gained"])
 @pytest.mark.parametrize("case", ["gva_ragged", "varlen", "bf16"])
-def test_untied_dplr_decayed_erase(case):
+def test_untied_dplr_decayed_erase(case, name):
     kw = {"gva_ragged": dict(B=1, T=100, H=1, HV=2, dk=32, dv=32),
           "varlen": dict(B=1, T=100, H=1, HV=1, dk=32, dv=32, cu_seqlens=[0, 1, 65, 100], seed=1),
           "bf16": dict(B=2, T=64, H=1, HV=1, dk=32, dv=32, dtype=torch.bfloat16, init=False, seed=2)}[case]
-    assert supports_chunk(_load("dplr_decayed").ir)[0]
-    _check("dplr_decayed", **kw)
+    assert supports_chunk(_load(name).ir)[0]
+    _check(name, **kw)
 
 
 @pytest.mark.parametrize("reads", ["undecayed", "decayed"])

@@ -16,9 +16,11 @@ import dgps
 from dgps.codegen.chunk import supports_chunk
 from dgps.compiler.ir import Reduction
 from dgps.dsl.errors import NotLogDomain
+from dgps.runtime.compile import compile as compile_spec
 from dgps.runtime.reductions import derived_input_grads, reduce_channels, reduction_adjoint
 from dgps.runtime.reference import build_env
 from dgps.runtime.tensors import check_inputs
+from dgps.runtime.verify import format_rows, verify, verify_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
@@ -35,6 +37,32 @@ def test_ir_binds_each_reduction_once_in_dependence_order() -> None:
         ("l2norm_1", "l2norm", "value")]
     assert ir.reductions[3].eps == 0.01 and ir.reductions[0].eps == 1e-6
     assert "l2norm_0" in {s.name for s in ir.reductions[1].arg.free_symbols}
+
+
+# Two reductions whose arguments simplify to the same expression on different sides: the key gain's l2norm and the
+# value gain's are both l2norm(0). The fuzzer drew this; one reduction (a key-channel vector) stood for both, and the
+# value gain v' = v · sigmoid(l2norm_0) mixed key and value channels (the recurrent codegen refused it).
+SAME_ARGUMENT_TWO_SIDES = """recurrence same_argument_two_sides
+  input q, k : key
+  input v : value
+  param pk : key_channel free
+  param pv : value_channel free
+  normalize q, k
+  gain key = sigmoid(l2norm(2 * (pk - pk), 0.01)), value = sigmoid(l2norm(2 * (pv - pv), 0.01))
+  solve erase_write
+end
+"""
+
+
+def test_a_reduction_per_side_for_the_same_argument() -> None:
+    rec = dgps.load(SAME_ARGUMENT_TWO_SIDES)
+    assert sorted((r.op, str(r.arg), r.side) for r in rec.ir.reductions) == [("l2norm", "0", "key"),
+                                                                               ("l2norm", "0", "value")]
+    package = compile_spec(rec)
+    # dk != dv, so a key-channel vector in the value gain would not broadcast; forward, decode and the gradients
+    rows = verify(rec, package, B=1, T=20, H=2, dk=8, dv=12) + verify_gradients(rec, package, B=1, T=20, H=2, dk=8,
+                                                                                 dv=12)
+    assert rows and all(r.ok for r in rows), format_rows(rows)
 
 
 def test_signs_follow_the_argument() -> None:
