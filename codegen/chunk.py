@@ -8,9 +8,11 @@ The plan decides what is launched: `FORWARD_RULES` / `BACKWARD_RULES` map each l
 (a stage, with the stages fused into it) and of its backward plan to one kernel template, in the plan's
 order (`UNTIED_RULES` replaces the interaction's template for the untied DPLR family); the backward plan's kept
 and recomputed stages decide what a training forward returns and what the backward reruns. Structure enters the
-templates through hooks: `decay_hook` (codegen/decay.py) for the decay kind, `_Emitter` for the spec's expressions
-on tile loads. Launch settings (BK, BV, warps, stages) come
-from the per-stage table in codegen/launch.py; every kernel takes only the parameters its body uses.
+templates through hooks: `decay_hook` (codegen/decay.py) for the decay kind — every decay factor, the chunk's gate
+loads and the log-gate gradient's per-kind steps, with "" for a factor and an OMIT line (dropped by render_chunk) for
+a statement that no decay needs — and `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV,
+warps, stages) come from the per-stage table in codegen/launch.py; every kernel takes only the parameters its body
+uses.
 `runtime.compile.load_chunk(ir)` writes that source to a cache directory and imports it (Triton needs real
 source files). `supports_chunk(ir)` says whether this generator handles a spec, and why not.
 
