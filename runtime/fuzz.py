@@ -172,12 +172,14 @@ def spec_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def write_failure(text: str, seed: int, error: str, out_dir: str | Path) -> Path:
+def write_failure(text: str, seed: int, error: str, out_dir: str | Path, layout: dict[str, object] | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fuzz-failure-{spec_id(text)}.dgps"
     comment = "\n".join(f"# {line}" for line in error.strip().splitlines()[:20])
-    path.write_text(f"# dgps fuzz: minimal failing spec; inputs drawn with random_inputs(seed={seed})\n{comment}\n{text}")
+    shape = f" at {', '.join(f'{k}={v}' for k, v in layout.items())}" if layout else ""
+    path.write_text(f"# dgps fuzz: minimal failing spec; inputs drawn with random_inputs(seed={seed}){shape}\n"
+                    f"{comment}\n{text}")
     return path
 
 
@@ -188,6 +190,13 @@ class FuzzResult:
     failure_text: str = ""
     failure_error: str = ""
     failures_seen: int = 0
+
+
+def _layouts(dk: int, dv: int) -> st.SearchStrategy[dict[str, object]]:
+    """The head layout and channel widths the kernels see: `dk` × `dv` first (what shrinking returns to), then widths
+    that are not a multiple of 16 (padded channel tiles), one or two value heads per key head, packed sequences."""
+    return st.fixed_dictionaries({"dk": st.sampled_from([dk, 8, 24]), "dv": st.sampled_from([dv, 8, 20]),
+                                  "HV": st.sampled_from([2, 1]), "varlen": st.booleans()})
 
 
 def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: str = "cpu", T: int = 20,
@@ -212,26 +221,31 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
     @hypothesis_seed(seed)
     @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
-    @given(specs(chunkable_only=chunkable_only), st.integers(0, 2**16))
-    def check(text: str, input_seed: int) -> None:
+    @given(specs(chunkable_only=chunkable_only), st.integers(0, 2**16), _layouts(dk, dv))
+    def check(text: str, input_seed: int, layout: dict[str, object]) -> None:
         try:
-            _check_one(text, input_seed)
+            _check_one(text, input_seed, layout)
         except Exception as e:
-            last_failure.update(text=text, seed=input_seed, error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            last_failure.update(text=text, seed=input_seed, layout=layout,
+                                error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
             raise
 
-    def _check_one(text: str, input_seed: int) -> None:
+    def _check_one(text: str, input_seed: int, layout: dict[str, object]) -> None:
         rec = load(text)
         pkg = compile_spec(rec)
-        rows = verify(rec, pkg, B=2, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
+        rows = verify(rec, pkg, B=2, T=T, H=1, seed=input_seed, device=device, **layout)  # type: ignore[arg-type]
         if gradients:
-            rows += verify_gradients(rec, pkg, B=1, T=T, H=1, HV=2, dk=dk, dv=dv, seed=input_seed, device=device)
+            grad_layout = {k: v for k, v in layout.items() if k != "varlen"}
+            rows += verify_gradients(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device,
+                                     **grad_layout)  # type: ignore[arg-type]
         bad = [r for r in rows if not r.ok]
         if not last_failure:
             result.count += 1
             log(f"[{result.count}/{count}] {spec_id(text)} {rec.ir.structure.decay:<6} {rec.ir.solve.spelled:<11} "
                 f"precond={rec.ir.precond.kind:<5} read={rec.ir.read.kind:<9} route={rec.ir.route:<8} "
-                f"forward={pkg.METADATA['forward']:<9} backward={pkg.METADATA['backward']:<9} {'ok' if not bad else 'FAIL'}")
+                f"forward={pkg.METADATA['forward']:<9} backward={pkg.METADATA['backward']:<9} "
+                f"dk={layout['dk']:<2} dv={layout['dv']:<2} HV={layout['HV']}{' varlen' if layout['varlen'] else '       '} "
+                f"{'ok' if not bad else 'FAIL'}")
         if bad:
             result.failures_seen += 1
             raise AssertionError(format_rows(rows))
@@ -245,5 +259,6 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
         result.failure_error = str(last_failure.get("error", "")) or f"{type(e).__name__}: {e}"
         if result.failure_text:
             result.failure_path = write_failure(result.failure_text, int(last_failure["seed"]),  # type: ignore[arg-type]
-                                                result.failure_error, out_dir)
+                                                result.failure_error, out_dir,
+                                                last_failure.get("layout"))  # type: ignore[arg-type]
     return result
