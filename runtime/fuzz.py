@@ -146,7 +146,10 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
         kk = b.input("kappa", "key_channel free")
         b.lets.append(("khat", f"l2norm({kk})"))  # RWKV-7's unit removal key: the state stays bounded
         reads = draw(st.sampled_from(["decayed", "undecayed"]))
-        b.slots.append(f"solve dplr(e = -khat, f = khat * {draw(_unit(b, 'key'))}, reads = {reads})")
+        # f = k is the tied form (its write-back key is the write key: the delta family's machinery)
+        f = draw(st.sampled_from(["untied", "tied"]))
+        f = "k" if f == "tied" else f"khat * {draw(_unit(b, 'key'))}"
+        b.slots.append(f"solve dplr(e = -khat, f = {f}, reads = {reads})")
     else:
         b.slots.append(f"solve {solve}")
     curvature = solve != "dplr" and not (precond == "exact" and placement == "query") and draw(st.booleans())
