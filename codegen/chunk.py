@@ -390,7 +390,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     if bplan is None:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
     fused = plan.elementwise_grads
-    grad_code, parts = _input_grad_code(ir, em, skip=fused)
+    grad_code, parts = _input_grad_code(ir, em, _roles(plan, ir), skip=fused)
     stored = stored_adjoints(plan)
     # the templates keep no per-channel path without these stages
     if (plan.structure.decay == "vector") != ("bwd_intra" in bplan.kinds()):
@@ -420,7 +420,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 intra_diag=intra.attr("diag_blocks") if intra else None,
                 INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
-                fused_grads=_fused_grad_code(ir, em, fused, value_once=split))
+                fused_grads=_fused_grad_code(ir, em, _roles(plan, ir), fused, value_once=split))
 
 
 def backward_reads_l(plan: Plan) -> bool:
@@ -614,9 +614,44 @@ def _env() -> jinja2.Environment:
     )
 
 
+@dataclass(frozen=True)
+class _Roles:
+    """The solve's per-token operands as the templates read them, taken from the plan's roles (compiler/plan.py:
+    role_exprs), so that the kernels evaluate what the plan's stages hold: write_key (A), erase_key (E, tied), target
+    (Z: the tied family's, and the additive family's with β applied by the kernels), beta, write_value (V' = β Z,
+    read whole by the untied family's value streams), e and f (untied), log_gate, route (the value route's Z)."""
+
+    write_key: sp.Expr
+    erase_key: sp.Expr | None
+    target: sp.Expr
+    beta: sp.Expr
+    write_value: sp.Expr
+    e: sp.Expr | None
+    f: sp.Expr | None
+    log_gate: sp.Expr | None
+    route: sp.Expr | None
+
+
+def _roles(plan: Plan, ir: IR) -> _Roles:
+    r = dict(plan.roles)
+    s = ir.solve
+    common = dict(write_key=r["kw"], log_gate=r.get("g"), route=r.get("r"))
+    if plan.family == "untied":
+        return _Roles(erase_key=None, target=s.target, beta=sp.Integer(1), write_value=r["vp"], e=r["e"], f=r["f"],
+                      **common)
+    if plan.family == "tied":
+        beta = r.get("beta", sp.Integer(1))
+        return _Roles(erase_key=r["ke"], target=r["z"], beta=beta, write_value=sp.Mul(beta, r["z"]), e=None, f=None,
+                      **common)
+    # additive: the plan's V' = β Z; the kernels apply β to Z's tile (chunk_common.value_stream), and β has its own
+    # adjoint part, so they read the two apart
+    if sp.Mul(s.beta, s.target) != r["vp"]:
+        raise AssertionError(f"{ir.name}: the plan's V' {r['vp']} is not β Z = {s.beta} · {s.target}")
+    return _Roles(erase_key=None, target=s.target, beta=s.beta, write_value=r["vp"], e=None, f=None, **common)
+
+
 def _context(ir: IR) -> dict:
     plan = build_plan(ir, BT, BC)  # the one plan every launch list and stage attribute below comes from
-    s = ir.solve
     st = ir.structure
     em = _Emitter(ir)
     if ir.read.kind == "curvature" or (ir.precond.kind == "exact" and ir.precond.placement == "query"):
@@ -624,9 +659,8 @@ def _context(ir: IR) -> dict:
         em.q_lo = "ql_buf" if ir.read.kind == "curvature" else None
     decay = "scalar" if ir.decay.kind == "const" else ir.decay.kind
     delta = not st.additive
-    ek = s.erase_key if delta else None
     untied = not st.tied
-    e_expr, f_expr, _, _ = s.canonical()
+    rl = _roles(plan, ir)
     # Pure-data stand-ins for the parts of the IR the host code needs (check_inputs, initial_states).
     decls = ",\n    ".join(repr(d) for d in ir.inputs)
     diag = ir.precond.diag
@@ -647,8 +681,8 @@ def _context(ir: IR) -> dict:
         decay_hook=decay_hook(ir.decay.kind),
         delta=delta,
         untied=untied,
-        e_expr=e_expr if untied else None,
-        f_expr=f_expr if untied else None,
+        e_expr=rl.e,
+        f_expr=rl.f,
         # the erase rows' decay: b_{t-1} (b one token earlier; 0 at a chunk's first token) when the erase reads the
         # undecayed state S_{t-1}, else b_t
         row_exclusive=st.erase_reads == "undecayed",
@@ -664,15 +698,14 @@ def _context(ir: IR) -> dict:
         em=em,
         off=row_offset,
         ir=ir,
-        beta=s.beta,
-        target=s.target,
-        # untied DPLR's write value V' = β Z, read whole by its value streams (the plan's vp); the tied and additive
-        # families read Z and apply β themselves
-        write_value=s.canonical()[2],
-        write_key=s.write_key,
-        erase_key=ek,
-        log_gate=ir.decay.log_gate,
-        has_beta=s.beta != 1 and st.tied,  # untied: β is inside V' (write_value)
+        beta=rl.beta,
+        target=rl.target,
+        write_value=rl.write_value,
+        route_value=rl.route,
+        write_key=rl.write_key,
+        erase_key=rl.erase_key,
+        log_gate=rl.log_gate,
+        has_beta=rl.beta != 1,  # untied: β is inside V' (write_value)
         reads_l=backward_reads_l(plan),
         BT=BT,
         BC=BC,
@@ -721,7 +754,7 @@ def _context(ir: IR) -> dict:
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
-        ctx.update(dwrite_dkt=_diff(s.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
+        ctx.update(dwrite_dkt=_diff(rl.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
     return ctx
 
 
@@ -762,8 +795,7 @@ def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
             f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
 
 
-def _parts(ir: IR, em: _Emitter) -> list[_Part]:
-    s = ir.solve
+def _parts(ir: IR, em: _Emitter, rl: _Roles) -> list[_Part]:
     q, k = sp.Symbol("q", real=True), sp.Symbol("k", real=True)
     delta = not ir.structure.additive
     exact = ir.precond.kind == "exact"
@@ -772,31 +804,30 @@ def _parts(ir: IR, em: _Emitter) -> list[_Part]:
         parts = [_Part("q", q, "key", "a_q = " + _tok("aqx_buf", "key", "H", "i_h", first))]
     else:
         parts = [_Part("q", q, "key", "a_q = " + _tok("aq_buf", "key"))]
-    if ir.decay.log_gate is not None:
+    if rl.log_gate is not None:
         if ir.decay.kind == "vector":
-            parts.append(_Part("lg", ir.decay.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
+            parts.append(_Part("lg", rl.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
         else:
-            parts.append(_Part("lg", ir.decay.log_gate, None, _key_partials("a_lg", "ag_buf")))
-    if ir.structure.tied and (delta or s.beta != 1):
-        parts.append(_Part("beta", s.beta, None, _key_partials("a_beta", "abeta_buf")))
+            parts.append(_Part("lg", rl.log_gate, None, _key_partials("a_lg", "ag_buf")))
+    if ir.structure.tied and (delta or rl.beta != 1):
+        parts.append(_Part("beta", rl.beta, None, _key_partials("a_beta", "abeta_buf")))
     # the value stream's adjoint: of Z (tied, additive: β has its own part) or of V' = β Z (untied DPLR, whose
     # kernels read V' whole: compiler/plan.py, role_exprs' vp)
-    value = s.target if ir.structure.tied else s.canonical()[2]
+    value = rl.target if ir.structure.tied else rl.write_value
     parts.append(_Part("z", value, "value", "a_z = " + _tok("az_buf", "value")))
-    if not ir.structure.tied:  # untied DPLR: the erase vector e and the write-back vector f
-        e, f, _, _ = s.canonical()
-        parts.append(_Part("e", e, "key", "a_e = " + _tok("ae_buf", "key")))
-        parts.append(_Part("f", f, "key", "a_f = " + _tok("af_buf", "key")))
-    elif delta and s.erase_key != s.write_key:  # tied keys: one adjoint (the write key's) for both roles
-        assert s.erase_key is not None
-        parts.append(_Part("e", s.erase_key, "key", "a_e = " + _tok("ae_buf", "key")))
-    parts.append(_Part("a", s.write_key, "key", "a_a = " + _tok("aa_buf", "key")))
+    if rl.e is not None and rl.f is not None:  # untied DPLR: the erase vector e and the write-back vector f
+        parts.append(_Part("e", rl.e, "key", "a_e = " + _tok("ae_buf", "key")))
+        parts.append(_Part("f", rl.f, "key", "a_f = " + _tok("af_buf", "key")))
+    elif delta and rl.erase_key != rl.write_key:  # tied keys: one adjoint (the write key's) for both roles
+        assert rl.erase_key is not None
+        parts.append(_Part("e", rl.erase_key, "key", "a_e = " + _tok("ae_buf", "key")))
+    parts.append(_Part("a", rl.write_key, "key", "a_a = " + _tok("aa_buf", "key")))
     diag = ir.precond.diag
     if diag is not None:
         hp = "i_h" if em.kt_heads == "key" else "i_hv"
         nh = "H" if em.kt_heads == "key" else "HV"
         first = "i_hv % G == 0" if em.kt_heads == "key" else ""
-        dwk = _diff(s.write_key, KTILDE.name)
+        dwk = _diff(rl.write_key, KTILDE.name)
         load = (em.tile("d_wkt", dwk, "key", em.rows, "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
         parts.append(_Part("kt", diag.map * k, "key", load))
         inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
@@ -852,7 +883,8 @@ def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:
     return f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")")
 
 
-def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: bool = False) -> dict[str, str]:
+def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, fused: tuple[str, ...], value_once: bool = False
+                     ) -> dict[str, str]:
     """Per bwd_grads part (z, q, e, a): the chain-rule statements for the inputs in `fused`, placed where that
     part's adjoint tile is final; an input's gradient is stored after the last part that reads it. The value-side
     part (z) runs in every key block, whose block 0 stores it, unless `value_once`: then a per-chunk stage (bwd_solve)
@@ -863,7 +895,7 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: b
         return {p: "" for p in out}
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
-        every = _parts(ir, em)
+        every = _parts(ir, em, rl)
         parts = {p.name: p for p in every if p.name in _ADJOINT_OF_PART}
         order = [p for p in _ADJOINT_OF_PART if p in parts]
         for d in ir.inputs:
@@ -904,13 +936,13 @@ def _fused_grad_code(ir: IR, em: _Emitter, fused: tuple[str, ...], value_once: b
     return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}
 
 
-def _input_grad_code(ir: IR, em: _Emitter, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
+def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
     """The body of the `inputs` backward stage: adjoint loads, then one gradient per input (but those in
     `skip`, which bwd_grads finishes)."""
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
         rest = [d for d in ir.inputs if d.name not in skip]
-        every = _parts(ir, em)
+        every = _parts(ir, em, rl)
         # the adjoints the remaining inputs read, and those another part's load reads (the PDN's k̃ reads a_a)
         parts = [p for p in every if any(_diff(p.expr, d.name) != 0 for d in rest)]
         parts = [p for p in every if p in parts or any(re.search(rf"\ba_{p.name}\b", q.load) for q in parts)]

@@ -130,6 +130,13 @@ class Plan:
     # not a param, not L2-normalised, and not fed by a gate, a gain, a PDN statistic or a curvature read).
     grad_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     elementwise_grads: tuple[str, ...] = ()
+    # The per-token operands of the family as expressions over the (kernel) IR's inputs (`role_exprs`): what the
+    # stages' bound operands hold, and what the code generator's kernels evaluate on their tile loads.
+    roles: tuple[tuple[str, Any], ...] = ()
+
+    def role(self, name: str) -> Any:
+        """The expression of role `name` (kw, ke, z, beta, vp, e, f, g, r); KeyError if the family has none."""
+        return dict(self.roles)[name]
 
     def stages(self) -> list[Stage]:
         return list(self._launch_order)
@@ -779,7 +786,7 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     outputs = tuple((k, b.outputs[k]) for k in order if k in b.outputs)
     parts, elementwise = _grad_parts(ir)
     plan = Plan(ir.name, g, plan_inputs(ir), outputs, ir.structure, b.family, chunk_size, sub_chunk, parts,
-                elementwise)
+                elementwise, tuple(b.exprs.items()))
     typecheck(plan)
     return plan
 
@@ -1622,6 +1629,7 @@ def format_plan(plan: Plan) -> str:
         attrs = "; ".join(f"{k}={_attr_text(v)}" for k, v in st.attributes if v is not None and k != "bind")
         lines.append(f"  {st.name:<16} {st.kind:<16} ({ins}) -> {outs}" + (f"  {{{attrs}}}" if attrs else ""))
     lines.append("  results: " + ", ".join(f"{r} = {n}" for r, n in plan.outputs))
+    lines.append("  roles: " + ", ".join(f"{r} = {e}" for r, e in plan.roles))
     bp = build_backward_plan(plan)
     if bp is None:
         lines.append("  backward: recurrent (no chunk backward for this family)")
