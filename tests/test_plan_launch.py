@@ -200,3 +200,26 @@ def test_curvature_carries_live_only_around_their_readers(name: str) -> None:
     where = {n: [k for names, bufs in live if n in bufs for k in names] for n in ("cn_buf", "dn_buf")}
     assert where["cn_buf"] == ["chunk_curvature_state_kernel", "chunk_bwd_curvature_query_kernel"]
     assert where["dn_buf"] == ["chunk_bwd_curvature_carry_kernel", "chunk_bwd_curvature_key_kernel"]
+
+
+TEST_SPECS = ["dplr_gained", "dplr_decayed", "gain_constant", "reductions_everything"]
+
+
+@pytest.mark.parametrize("name", CHUNK + TEST_SPECS)
+def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None:
+    """The host allocates no buffer (more than the one-element placeholder of an unused operand) that no launched
+    kernel takes, forward or backward with its rerun: an allocation with no stage of the plan behind it is memory
+    for nothing, and a sign that the host and the plan disagree."""
+    path = SPEC_DIR / f"{name}.dgps"
+    rec = dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps")
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    calls = {"forward": lambda: mod.chunk_forward(x, output_final_state=True)}
+    if supports_chunk_backward(rec.ir)[0]:
+        calls["backward"] = lambda: mod.chunk_backward(x, do=torch.randn(1, 130, 2, 16))
+    for label, call in calls.items():
+        bufs: dict = {}
+        kernels = _launched(mod, call, bufs)
+        taken = set().union(*(mod._KERNEL_ARGS[k] for k in kernels))
+        idle = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n not in taken)
+        assert not idle, f"{name} {label}: allocated, taken by no launched kernel: {idle}"
