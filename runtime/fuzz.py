@@ -197,8 +197,9 @@ class FuzzResult:
 
 def _layouts(dk: int, dv: int) -> st.SearchStrategy[dict[str, object]]:
     """The head layout and channel widths the kernels see: `dk` × `dv` first (what shrinking returns to), then widths
-    that are not a multiple of 16 (padded channel tiles), one or two value heads per key head, packed sequences."""
-    return st.fixed_dictionaries({"dk": st.sampled_from([dk, 8, 24]), "dv": st.sampled_from([dv, 8, 20]),
+    that are not a multiple of 16 (padded channel tiles; dk = 72: two key blocks of 64, the second mostly padding),
+    one or two value heads per key head, packed sequences."""
+    return st.fixed_dictionaries({"dk": st.sampled_from([dk, 8, 24, 72]), "dv": st.sampled_from([dv, 8, 20]),
                                   "HV": st.sampled_from([2, 1]), "varlen": st.booleans()})
 
 
