@@ -163,7 +163,11 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
     # a curvature read's statistics are defined on L2-normalised keys (the checker requires `normalize k`)
     norm = draw(st.sampled_from(["q, k", "k"] if curvature else ["", "q, k", "k"]))
     if norm:
-        b.slots.insert(0, f"normalize {norm}")
+        eps = draw(st.sampled_from(["", ", eps = 0.001"]))
+        b.slots.insert(0, f"normalize {norm}{eps}")
+    scale = draw(st.sampled_from(["", "1.0", "0.5"]))  # the read's scale (dk ** -0.5 when left out)
+    if scale:
+        b.slots.append(f"scale {scale}")
     text = b.render("fuzzed")
     return text
 
