@@ -112,14 +112,19 @@ def _l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def build_env(ir: IR, x: Mapping[str, torch.Tensor], dims: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Bind every input symbol to a tensor that broadcasts over [B, T, HV, channel]."""
+def build_env(ir: IR, x: Mapping[str, torch.Tensor], dims: Dims, dtype: torch.dtype,
+              param_probes: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Bind every input symbol to a tensor that broadcasts over [B, T, HV, channel]. `param_probes`: per param, a
+    [B, T, HV, channels] tensor added to its broadcast value (zeros, whose gradient is each token's share of the
+    param's gradient)."""
     env: dict[str, torch.Tensor] = {}
     for d in ir.inputs:
         t = x[d.name].to(dtype)
         if d.is_param:
             t = _expand_heads(t, dims.G if d.heads == "key" else 1, 0)
             t = t.reshape(1, 1, dims.HV, -1)
+            if param_probes is not None and d.name in param_probes:
+                t = t + param_probes[d.name].to(dtype)
         else:
             t = _expand_heads(t, dims.G if d.heads == "key" else 1, 2)
             if d.vector is None:
@@ -253,8 +258,10 @@ def _run(ir: IR, env: dict[str, torch.Tensor], dims: Dims, state: dict[str, torc
 def reference(ir: IR, inputs: Mapping[str, torch.Tensor], *,
               initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
               output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-              scale: float | None = None, dtype: torch.dtype | None = None) -> RecurrenceOutput:
-    """Run the spec token by token. Computes in `dtype` (default: q's dtype); returns in that dtype."""
+              scale: float | None = None, dtype: torch.dtype | None = None,
+              param_probes: Mapping[str, torch.Tensor] | None = None) -> RecurrenceOutput:
+    """Run the spec token by token. Computes in `dtype` (default: q's dtype); returns in that dtype. `param_probes`:
+    see build_env (how runtime/verify sizes a param's gradient by its tokens' shares)."""
     x, dims = check_inputs(ir, inputs)
     dtype = dtype or x["q"].dtype
     device = x["q"].device
@@ -263,7 +270,7 @@ def reference(ir: IR, inputs: Mapping[str, torch.Tensor], *,
     N = len(ranges) if ranges else dims.B
     states = initial_states(ir, dims, N, initial_state, dtype, device)
     states = {k: s.to(dtype) for k, s in states.items()}
-    env = build_env(ir, x, dims, dtype)
+    env = build_env(ir, x, dims, dtype, param_probes)
     if not ranges:
         o, final, route = _run(ir, env, dims, states, scale)
     else:

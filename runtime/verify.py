@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 
 from .api import Recurrence
-from .reference import RecurrenceOutput, initial_states, state_shapes
+from .reference import RecurrenceOutput, initial_states, reference, state_shapes
 from .tensors import check_inputs
 
 # Relative-norm tolerances by input dtype: fp32 arithmetic lands far under these; bf16 operands near 1e-3..1e-2.
@@ -34,11 +34,12 @@ class Row:
         return self.error <= self.tolerance  # NaN compares False
 
 
-def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_error(x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """‖x − ref‖ / ‖ref‖, or over ‖scale‖ where given (the magnitude of what a sum cancelled, elementwise ≥ |ref|)."""
     x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
     if x.shape != ref.shape:
         return float("inf")
-    denom = ref.norm().item()
+    denom = (scale.detach().double().cpu() if scale is not None else ref).norm().item()
     num = (x - ref).norm().item()
     if denom == 0.0:
         return num
@@ -126,7 +127,12 @@ def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int
     got = package.forward(**xs, initial_state={"S": s0}, output_final_state=True)
     xr = {k: v.detach().double().cpu().requires_grad_(True) for k, v in inputs.items()}
     r0 = init["S"].double().requires_grad_(True)  # a new leaf: .double() copies the float32 tensor
-    ref = rec.reference(**xr, initial_state={"S": r0}, output_final_state=True)
+    # each token's share of a param's gradient (build_env's probes): a param's gradient is a sum over every token,
+    # whose shares can cancel to a small total; its error is measured against the size of the shares
+    width = {"key": dims.dk, "value": dims.dv, None: 1}
+    probes = {d.name: torch.zeros(B, T, dims.HV, width[d.vector], dtype=torch.float64, requires_grad=True)
+              for d in rec.ir.inputs if d.is_param}
+    ref = reference(rec.ir, xr, initial_state={"S": r0}, output_final_state=True, param_probes=probes)
     weights = [torch.randn(ref.o.shape, generator=gen, dtype=torch.float64),
                torch.randn(ref.final_state["S"].shape, generator=gen, dtype=torch.float64)]
     outs_g, outs_r = [got.o, got.final_state["S"]], [ref.o, ref.final_state["S"]]
@@ -141,6 +147,16 @@ def verify_gradients(rec: Recurrence, package: ModuleType, *, B: int = 2, T: int
         return t.grad if t.grad is not None else torch.zeros_like(t)
 
     path = f"backward ({package.METADATA.get('backward', 'recurrent')})"
-    rows = [Row(path, f"d{name}", rel_error(grad(xs[name]), grad(xr[name])), 1e-4) for name in xs]
+    rows = []
+    for name in xs:
+        if name in probes:  # ‖kernel − ref‖ over Σ_tokens |share| (≥ ‖ref‖; equal where the shares do not cancel)
+            shares = grad(probes[name]).abs().sum((0, 1))
+            d = rec.ir.input(name)
+            if d.heads == "key":  # the value heads of a key head's group share its param
+                shares = shares.reshape(dims.H, dims.G, -1).sum(1)
+            err = rel_error(grad(xs[name]), grad(xr[name]), scale=shares.reshape(xr[name].shape))
+            rows.append(Row(path, f"d{name}", err, 1e-4))
+        else:
+            rows.append(Row(path, f"d{name}", rel_error(grad(xs[name]), grad(xr[name])), 1e-4))
     rows.append(Row(path, "d state S", rel_error(grad(s0), grad(r0)), 1e-4))
     return rows
