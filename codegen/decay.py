@@ -71,6 +71,10 @@ class Decay:
         """The statement `var = var * factor`; OMIT without a decay."""
         return f"{var} = {var} * {factor}" if self.decays and factor else OMIT
 
+    def either(self, decayed: str, plain: str) -> str:
+        """Code whose decayed form is not the plain one times a factor (the plain one without a decay)."""
+        return decayed if self.decays else plain
+
     def only(self, stmt: str) -> str:
         """A statement (or several) that only a decay needs; OMIT without one."""
         return stmt if self.decays else OMIT
@@ -110,10 +114,6 @@ class Decay:
         if factors:
             stmts += [f"b_eb = {self.rows(g)}", f"b_ecb = {self.to_end('b_gl', g)}"]
         return _lines(stmts, indent)
-
-    def either(self, decayed: str, plain: str) -> str:
-        """Code whose decayed form is not the plain one times a factor (the plain one without a decay)."""
-        return decayed if self.decays else plain
 
     # -- the log-gate's gradient in bwd_grads (docs/chunk_forms.md §8): db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end terms,
     #    then dg = the reverse cumsum of db within the chunk. The kernel's names: b_db (db), b_a (write key), b_das (the
