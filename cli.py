@@ -202,7 +202,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(result.failure_text or "(no spec: the failure was outside the kernels)", file=sys.stderr)
         print(result.failure_error, file=sys.stderr)
         if result.failure_path:
-            print(f"written to {result.failure_path}", file=sys.stderr)
+            print(f"written to {result.failure_path}; to repeat it: {result.repeat}", file=sys.stderr)
         return 1
     print(f"{result.count} specs passed (seed {args.seed})")
     return 0

@@ -179,14 +179,22 @@ def spec_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def write_failure(text: str, seed: int, error: str, out_dir: str | Path, layout: dict[str, object] | None = None) -> Path:
+def repeat_command(path: str | Path, seed: int, layout: dict[str, object] | None, T: int) -> str:
+    """The `dgps verify` command that runs a failing draw's checks again (the fuzzer's B = 2, H = 1)."""
+    lay = layout or {}
+    args = [f"--T {T}", "--B 2", "--H 1", f"--seed {seed}"] + [f"--{k} {lay[k]}" for k in ("HV", "dk", "dv") if k in lay]
+    return f"dgps verify {path} " + " ".join(args) + (" --varlen" if lay.get("varlen") else "")
+
+
+def write_failure(text: str, seed: int, error: str, out_dir: str | Path, layout: dict[str, object] | None = None,
+                  T: int = 20) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fuzz-failure-{spec_id(text)}.dgps"
     comment = "\n".join(f"# {line}" for line in error.strip().splitlines()[:20])
     shape = f" at {', '.join(f'{k}={v}' for k, v in layout.items())}" if layout else ""
     path.write_text(f"# dgps fuzz: minimal failing spec; inputs drawn with random_inputs(seed={seed}){shape}\n"
-                    f"{comment}\n{text}")
+                    f"# to repeat it: {repeat_command(path, seed, layout, T)}\n{comment}\n{text}")
     return path
 
 
@@ -197,6 +205,7 @@ class FuzzResult:
     failure_text: str = ""
     failure_error: str = ""
     failures_seen: int = 0
+    repeat: str = ""  # the `dgps verify` command that repeats the failure
 
 
 def _layouts(dk: int, dv: int) -> st.SearchStrategy[dict[str, object]]:
@@ -244,7 +253,8 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
         rows = verify(rec, pkg, B=2, T=T, H=1, seed=input_seed, device=device, **layout)  # type: ignore[arg-type]
         if gradients:
             grad_layout = {k: v for k, v in layout.items() if k != "varlen"}
-            rows += verify_gradients(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device,
+            # B = 2 as the forward's check, so that `dgps verify` with the same arguments repeats a failure whole
+            rows += verify_gradients(rec, pkg, B=2, T=T, H=1, seed=input_seed, device=device,
                                      **grad_layout)  # type: ignore[arg-type]
         bad = [r for r in rows if not r.ok]
         if not last_failure:
@@ -268,5 +278,7 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
         if result.failure_text:
             result.failure_path = write_failure(result.failure_text, int(last_failure["seed"]),  # type: ignore[arg-type]
                                                 result.failure_error, out_dir,
-                                                last_failure.get("layout"))  # type: ignore[arg-type]
+                                                last_failure.get("layout"), T)  # type: ignore[arg-type]
+            result.repeat = repeat_command(result.failure_path, int(last_failure["seed"]),  # type: ignore[arg-type]
+                                           last_failure.get("layout"), T)  # type: ignore[arg-type]
     return result
