@@ -395,7 +395,9 @@ def _precond_output(b: _Builder) -> Operand:
         if b.exprs["kw"] != KTILDE:
             heads = "HV"
         return b.new("kw", _shape("B", "T", heads, "dk"), "fp32")
-    out = b.new("qp", _shape("B", "T", heads, "dk"), "fp32")
+    # ATQ's q̂ per value head: the chunk module's readers (output, reverse pass, local values, grads) take it per value
+    # head, and precond_exact writes each key head's q̂ into its group's value heads
+    out = b.new("qp", _shape("B", "T", "HV", "dk"), "fp32")
     b.roles["q_read"] = out.name
     return out
 
