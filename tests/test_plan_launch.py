@@ -1,5 +1,6 @@
 """The chunk packages launch exactly the stages of their plan, in the plan's order (forward, training forward
-and backward), and the training forward keeps exactly the buffers of the stages the backward plan keeps.
+and backward), the training forward keeps exactly the buffers of the stages the backward plan keeps, the per-token
+buffers are the plan's stored operands (their sizes and dtypes), and no allocated buffer is idle.
 
 Launches are recorded at the host's one launch point (`_Run.launch`), not run, so this takes no interpreter
 time; the buffers handed between calls are then uninitialised, which only the launch lists here see.
@@ -223,3 +224,63 @@ def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None
         taken = set().union(*(mod._KERNEL_ARGS[k] for k in kernels))
         idle = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n not in taken)
         assert not idle, f"{name} {label}: allocated, taken by no launched kernel: {idle}"
+
+
+# A forward stage's stored operand -> the chunk module's per-token buffer that holds it (codegen/templates/chunk_host.jinja:
+# _token_buffers). Not per-token buffers: the state pass's U and H_n (its launch decides), the curvature sums and the
+# exact preconditioner's Gram carries (allocated around their readers), the results (o, route).
+_BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
+              ("precond_diag", "kw"): "kt_buf", ("precond_diag", "An"): "an_buf",
+              ("precond_exact", "kw"): "kt_buf", ("precond_exact", "qp"): "qh_buf",
+              ("curvature_query", "qp"): "qh_buf", ("curvature_query", "qp_lo"): "ql_buf",
+              ("curvature_query", "corr"): "corr_buf", ("curvature_query", "mq"): "mq_buf",
+              ("interaction", "Sqa"): "s_buf", ("interaction", "Aqf"): "s_buf", ("interaction", "Aew"): "aew_buf",
+              ("interaction", "Aqw"): "aqw_buf", ("interaction", "L"): "l_buf", ("triangular_solve", "Tm"): "t_buf",
+              ("wy", "W"): "w_buf", ("wy", "Ut"): "u_buf", ("decay_keys", "Kg"): "kg_buf", ("decay_keys", "Qg"): "qg_buf"}
+_UNTIED_BUFFER_OF = {("decay_keys", "Fg"): "kg_buf", ("decay_keys", "Kg"): "wg_buf"}  # the erase stream's key first
+_ELSEWHERE = {("state_pass", "U"), ("state_pass", "Hn"), ("state_pass", "r"), ("curvature_state", "Cn"),
+              ("curvature_state", "m_n"), ("precond_gram", "Gn"), ("output", "o"), ("output", "r")}
+
+
+@pytest.mark.parametrize("name", CHUNK + TEST_SPECS)
+def test_token_buffers_are_the_plans_stored_operands(name: str) -> None:
+    """The host's per-token buffers are exactly the forward plan's stored operands (compiler/plan.py: _stored, with
+    the backward's reads), each sized by its operand's shape and of its dtype ("in": the input dtype)."""
+    from dgps.compiler.ir import kernel_ir
+    from dgps.compiler.plan import _stored
+
+    path = SPEC_DIR / f"{name}.dgps"
+    ir = kernel_ir(dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps").ir)
+    plan = build_plan(ir, 64, 16)
+    bp = build_backward_plan(plan)
+    read = {r for st in (bp.stages if bp is not None else ()) for r in st.attr("reads", ())}
+    buffer_of = {**_BUFFER_OF, **(_UNTIED_BUFFER_OF if plan.family == "untied" else {})}
+    TT, N, H, HV, DK, DV = 7 * 64 + 5, 3, 2, 4, 48, 40
+    HP = H if any(o.dims[2] == "H" for st in plan.find("precond_diag") for o in st.outputs) else HV
+    size = {"B": 1, "T": TT, "H": H, "HV": HV, "dk": DK, "dv": DV, "C": 64}
+    want = {}
+    for st in plan.stages():
+        if st.kind == "chunk_cumsum":  # the gate cumsum (its first output: b, or b_ where the spec names an input b)
+            if _stored(plan, st, st.outputs[0], read):
+                o = st.outputs[0]
+                want["g_buf"] = (TT * HV * (DK if o.dims[-1] == "dk" else 1), torch.float32)
+            continue
+        for o in st.outputs:
+            if not _stored(plan, st, o, read) or (st.kind, o.name) in _ELSEWHERE:
+                continue
+            buf = buffer_of[(st.kind, o.name)]
+            dims = list(o.dims)
+            if dims[1] == "NT" and dims[-2:] == ["C", "C"]:
+                dims = ["T", *dims[2:-1]]  # a c×c matrix is stored by token rows
+            numel = 1
+            for d in dims:
+                numel *= (triton_cdiv(TT, 64) + N) if d == "NT" else size[d]
+            want[buf] = (numel, torch.float32 if o.dtype == "fp32" else torch.bfloat16)
+    mod = load_chunk(ir)
+    have = mod._token_buffers(TT, N, H, HV, HP, DK, DV, torch.bfloat16, True)
+    assert have == want, (sorted(set(have) ^ set(want)), {k: (have.get(k), want.get(k)) for k in set(have) | set(want)
+                                                           if have.get(k) != want.get(k)})
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
