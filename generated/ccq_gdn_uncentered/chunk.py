@@ -403,7 +403,9 @@ def chunk_curvature_query_kernel(
         b_qh = b_qc - b_lam[:, None] * b_corr
         b_hi = _cast_for(b_qh, qh_buf, DT_ID)
         tl.store(qh_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], b_hi, mask=m_rc)
-        tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], _remainder_for(b_qh, b_hi, ql_buf, DT_ID), mask=m_rc)
+        if KEEP:  # the remainder: only the backward reads it (a per-channel decay's interaction reads the pair too)
+            tl.store(ql_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], _remainder_for(b_qh, b_hi, ql_buf, DT_ID),
+                     mask=m_rc)
 # ---- stages interaction + triangular_solve, scalar or no decay ------------------------------------------
 # (per-channel decay: chunk_interaction_vector.jinja; untied DPLR: chunk_interaction_dplr.jinja; the additive family
 # has no interaction stage without a per-channel decay: compiler/plan.py, rule_interaction)
@@ -1918,7 +1920,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["pn_k"] = (TT * H * DK, dt)
     b["g_buf"] = (TT * HV, f32)
     b["qh_buf"] = (TT * HV * DK, dt)  # q̂ = qh + ql, both in the input dtype (compiler/plan.py: rule_curvature_query)
-    b["ql_buf"] = (TT * HV * DK, dt)
+    if keep:  # the remainder of q̂: only the backward reads it (a per-channel decay's interaction reads the pair too)
+        b["ql_buf"] = (TT * HV * DK, dt)
     if keep:  # corr per key head, for the backward's dλ (compiler/plan.py: rule_curvature_query)
         b["corr_buf"] = (TT * H * DK, f32)
     b["t_buf"] = (TT * HV * BT, dt)
