@@ -210,7 +210,8 @@ TEST_SPECS = ["dplr_gained", "dplr_decayed", "gain_constant", "reductions_everyt
 def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None:
     """The host allocates no buffer (more than the one-element placeholder of an unused operand) that no launched
     kernel takes, forward or backward with its rerun: an allocation with no stage of the plan behind it is memory
-    for nothing, and a sign that the host and the plan disagree."""
+    for nothing, and a sign that the host and the plan disagree. An inference forward writes no intermediate that
+    none of its other kernels reads (ccq_gdn's q̂ remainder did: only the backward reads it)."""
     path = SPEC_DIR / f"{name}.dgps"
     rec = dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps")
     mod = load_chunk(rec.ir)
@@ -224,6 +225,10 @@ def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None
         taken = set().union(*(mod._KERNEL_ARGS[k] for k in kernels))
         idle = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n not in taken)
         assert not idle, f"{name} {label}: allocated, taken by no launched kernel: {idle}"
+        if label == "forward":  # an inference call: every intermediate written is read by another kernel
+            once = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n.endswith("_buf")
+                          and n not in ("o_buf", "r_buf") and sum(n in mod._KERNEL_ARGS[k] for k in kernels) < 2)
+            assert not once, f"{name}: written by the inference forward, read by no other of its kernels: {once}"
 
 
 # A forward stage's stored operand -> the chunk module's per-token buffer that holds it (codegen/templates/chunk_host.jinja:
