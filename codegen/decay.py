@@ -13,7 +13,7 @@ Every exponent is ≤ 0 by construction (b is a chunk-local inclusive cumsum of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .address import row_offset
 
@@ -30,10 +30,18 @@ class Decay:
     """No decay: every factor is 1 ("" from a factor method; `times` and `rescale` leave their operand as it is)."""
 
     kind: str = "none"
+    # whether the backward forms the log-gate's gradient (compiler/plan.py: gate_gradient): a gate that reads no input
+    # (RetNet's constant per head) has none to form
+    gate_gradient: bool = True
 
     @property
     def decays(self) -> bool:
         return self.kind != "none"
+
+    @property
+    def grads(self) -> bool:
+        """A decay whose log-gate's gradient the backward forms."""
+        return self.decays and self.gate_gradient
 
     @property
     def per_channel(self) -> bool:
@@ -78,6 +86,10 @@ class Decay:
     def only(self, stmt: str) -> str:
         """A statement (or several) that only a decay needs; OMIT without one."""
         return stmt if self.decays else OMIT
+
+    def for_gradient(self, stmt: str) -> str:
+        """A statement only the log-gate's gradient needs; OMIT where the backward forms none."""
+        return stmt if self.grads else OMIT
 
     def mention(self, words: str, otherwise: str = "") -> str:
         """Words of a comment that describe the decay's part; `otherwise` without one."""
@@ -166,14 +178,18 @@ class ScalarDecay(Decay):
 
     def gate_share(self, op: str, tile: str) -> str:
         # one log-gate per token: this key block's share of the sum over the key channels
-        return f"b_db {op}= tl.sum(tl.where(m_rk, {tile}, 0.), 1)"
+        return f"b_db {op}= tl.sum(tl.where(m_rk, {tile}, 0.), 1)" if self.gate_gradient else OMIT
 
     def end_share(self, indent: int) -> str:
+        if not self.gate_gradient:
+            return "b_das = b_das * b_ecb"
         return _lines(["b_das = b_das * b_ecb", self.gate_share("-", "b_a * b_das"),
                        "b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)"], indent)
 
     def store_gate_grad(self, rows: str, indent: int) -> str:
         # one partial sum per key block (i_k), which bwd_inputs adds in a fixed order
+        if not self.gate_gradient:
+            return OMIT
         return _lines(["b_db = tl.where(rows == last, b_db + b_end, b_db)",
                        "b_db = tl.where(m_r, b_db, 0.)",
                        "b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db",
@@ -230,6 +246,8 @@ class VectorDecay(Decay):
 DECAY_HOOKS: dict[str, Decay] = {"none": Decay(), "scalar": ScalarDecay(), "vector": VectorDecay()}
 
 
-def decay_hook(kind: str) -> Decay:
-    """The hook of an IR decay kind ("const" decays like "scalar": one number per token)."""
-    return DECAY_HOOKS["scalar" if kind == "const" else kind]
+def decay_hook(kind: str, gate_gradient: bool = True) -> Decay:
+    """The hook of an IR decay kind ("const" decays like "scalar": one number per token); `gate_gradient`: whether
+    the backward forms the log-gate's gradient (per-token decays only: a per-channel one always does)."""
+    hook = DECAY_HOOKS["scalar" if kind == "const" else kind]
+    return hook if gate_gradient or hook.per_channel else replace(hook, gate_gradient=False)

@@ -1007,6 +1007,18 @@ def _value_grads(p: Plan) -> tuple[str, ...]:
     return tuple(o.name for o in p.inputs if o.name in p.elementwise_grads and o.dims[-1] == "dv")
 
 
+def gate_gradient(p: Plan) -> bool:
+    """Whether the backward forms the log-gate's gradient: a decay whose gate reads an input or param (RetNet's
+    const(1 − 2^(−5 − h)) reads none: its gradient would go nowhere). A per-channel decay's gradient is formed by
+    bwd_intra and bwd_grads together and is kept whatever its gate reads."""
+    if p.structure.decay == "none":
+        return False
+    if p.structure.decay == "vector":
+        return True
+    names = {o.name for o in p.inputs}
+    return any(x.name in names for x in getattr(p.role("g"), "free_symbols", ()))
+
+
 def _bwd_solve(p: Plan) -> Stage | None:
     # Once per chunk and head, over the value channels: everything bwd_grads needs that is a c×c product or a sum over
     # all the key channels. dY and the decayed pair gradients go to memory in the input dtype (bwd_grads' products
@@ -1015,9 +1027,10 @@ def _bwd_solve(p: Plan) -> Stage | None:
     if not _solve_split(p):
         return None
     decays = p.structure.decay != "none"
+    grads = gate_gradient(p)
     outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
             Operand("dbeta_c", "[B,T,HV]", "fp32")]
-    if decays:
+    if grads:
         outs += [Operand("db_s", "[B,T,HV]", "fp32"), Operand("db_l", "[B,T,HV]", "fp32")]
     if "dz" in stored_adjoints(p):
         outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
@@ -1027,12 +1040,12 @@ def _bwd_solve(p: Plan) -> Stage | None:
     if residual_solve(p):  # T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dS = scale mask(dO U^T); dY = T^T (beta dU + dR), dZ = dY, dN = -dY R^T, dL' = dN Diag(beta)" + \
             "; dbeta_c = sum dU R + column sums of dN L'"
-    form += ("; db_s, db_l = rows - columns of dS S, dL' L'" if decays else "") + \
+    form += ("; db_s, db_l = rows - columns of dS S, dL' L'" if grads else "") + \
         "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
         "; dY, dSg, dLg in the input dtype"
     reads = ("state_pass.U", "triangular_solve.Tm") + (("chunk_cumsum.b",) if decays else ())
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads),
-                                          ("forms", "L'" + (" and Q*A" if decays else "") +
+                                          ("forms", "L'" + (" and Q*A" if grads else "") +
                                            " over the key channels, once per chunk"))
     if _value_grads(p):
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in _value_grads(p))),)
@@ -1064,7 +1077,8 @@ def _bwd_grads(p: Plan) -> Stage | None:
     outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (split and name == "dz")]
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in mine]
     outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
-    if p.structure.decay != "none":
+    grads = gate_gradient(p)
+    if grads:
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
     reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta and not split else ())
     if vec:  # the c×c parts came from bwd_scores and bwd_intra
@@ -1072,10 +1086,9 @@ def _bwd_grads(p: Plan) -> Stage | None:
             "; dg = reverse cumsum of db"
     elif split:  # the c×c parts came from bwd_solve
         form = "dW = dY H^T; score pairs from dSg, dLg as matmuls with this block's keys" + \
-            ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+            ("; dg = reverse cumsum of db" if grads else "")
     else:
-        form = "dZ = beta dU; score pairs as masked matmuls" + \
-            ("; dg = reverse cumsum of db" if p.structure.decay != "none" else "")
+        form = "dZ = beta dU; score pairs as masked matmuls" + ("; dg = reverse cumsum of db" if grads else "")
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads), ("key_blocks", "dbeta, dg as partial sums"))
     if mine:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
@@ -1087,7 +1100,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
         ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())
     if split:
-        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_s", "db_l") if p.structure.decay != "none" else ())
+        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_s", "db_l") if grads else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 

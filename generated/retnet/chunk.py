@@ -634,16 +634,15 @@ def chunk_bwd_local_values_kernel(
     tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
              mask=m_rv)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
-#   q̂ (query), a (write key), z (target), and the log-gate (reverse cumsum of
-#   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then forms the c×c parts.
+#   q̂ (query), a (write key), z (target); loops over dv blocks, then forms the c×c parts.
 #   One program per chunk, head and block of BK key channels: the c×c products over the value channels are formed
 #   in every key block (they are cheap next to the [BT, BK] tiles a full-width program would hold); per-token
 #   sums over the key channels (db) are left as one partial per key block (NKG of them), the full-width
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, g_buf, h_buf, do_buf, dh_buf, du_buf, ag_buf, dx_q, dx_k, dx_v, cu_seqlens, chunk_indices, scale,
-    TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    p_q, p_k, p_v, g_buf, h_buf, do_buf, dh_buf, du_buf, dx_q, dx_k, dx_v, cu_seqlens, chunk_indices, scale,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -700,35 +699,21 @@ def chunk_bwd_grad_kernel(
     b_ecb = tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
     # Output scores Q̂ ⋆ A. The epilogue is ordered so that each [BT, BK] adjoint is stored, and its share of the
     # decay gradient taken, as soon as it is final: fewer tiles live at once, fewer registers.
-    # decay: db_t = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da, plus at the last token Σ_j a_j ⊙ da^state_j + e^{b_c} ⊙ Σ_v H ⊙ dH;
-    # then dg = reverse cumsum of db within the chunk.
-    # Scalar decay: the score pairs' share is row sums minus column sums of dS ⊙ S in fp32, rather than
-    # q ⊙ dq − a ⊙ da from bf16-operand matmuls, whose rounding does not cancel (this block's share of the sum over
-    # key channels).
     b_ds = tl.where(m_le, b_ds * scale, 0.)
-    b_sm = tl.where(m_le, _mm(b_q, tl.trans(b_a), DT_ID) * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-    b_db = tl.sum(b_ds * b_sm, 1) - tl.sum(b_ds * b_sm, 0)
     b_dsd = b_ds * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
     b_dq = _mm(b_dsd, b_a, DT_ID)
     b_da = _mm(tl.trans(b_dsd), b_q, DT_ID)
 
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
-    b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += b_dq
     tl.store(dx_q + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_q, dx_q, DT_ID), mask=m_rk)
     b_das = b_das * b_ecb
-    b_db -= tl.sum(tl.where(m_rk, b_a * b_das, 0.), 1)
-    b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)
     b_da += b_das
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    b_db = tl.where(rows == last, b_db + b_end, b_db)
-    b_db = tl.where(m_r, b_db, 0.)
-    b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v"]
@@ -755,7 +740,7 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'g_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('p_q', 'p_k', 'g_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'g_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1368,7 +1353,6 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         make[n] = (TT * HV * DK, fp32)
-    make["ag_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
