@@ -36,4 +36,4 @@ def test_a_failure_file_says_how_to_repeat_it(tmp_path: Path) -> None:
     repeat = next(line for line in text.splitlines() if "to repeat it:" in line).split("to repeat it: ")[1]
     args = build_parser().parse_args(shlex.split(repeat)[1:])
     assert (args.command, args.T, args.B, args.H, args.HV, args.dk, args.dv, args.seed, args.varlen) == \
-        ("verify", 70, 2, 1, 2, 24, 20, 7, True)
+        ("verify", 70, 1, 1, 2, 24, 20, 7, True)
