@@ -803,12 +803,15 @@ def _grad_parts(ir: IR) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[
     def reads(expr: Any) -> tuple[str, ...]:
         return tuple(sorted(n for n in (x.name for x in getattr(expr, "free_symbols", ())) if n in names))
 
-    # the value stream: Z (tied and additive: β is its own part) or V' = β Z (untied DPLR: role_exprs' vp)
-    value = s.target if ir.structure.tied else s.canonical()[2]
+    # the value stream: Z (the delta and additive solves: β is its own part) or V' = β Z (a DPLR solve, tied or
+    # untied: role_exprs' z and vp)
+    value = s.canonical()[2] if s.kind == "dplr" else s.target
     parts = [("dqp", ("q",)), ("dkw", reads(s.write_key)), ("dz", reads(value))]
-    if not ir.structure.additive and s.erase_key is not None and s.erase_key != s.write_key:
+    # the erase key: the delta solve's, or a tied DPLR's −e (role_exprs' ke)
+    erase = s.erase_key if s.kind != "dplr" else (-s.e if ir.structure.tied and s.e is not None else None)
+    if not ir.structure.additive and erase is not None and erase != s.write_key:
         # tied keys (E = A) have one adjoint for both roles: bwd_grads sums them (one fp32 [T, HV, dk] buffer fewer)
-        parts.append(("dke", reads(s.erase_key)))
+        parts.append(("dke", reads(erase)))
     if not ir.structure.tied:  # untied DPLR: the erase vector e and the write-back vector f
         e, f, _, _ = s.canonical()
         parts += [("dke", reads(e)), ("dkf", reads(f))]

@@ -287,7 +287,7 @@ def test_vector_decay_backward_hypothesis(name: str, T: int, G: int, dk: int, cu
 
 # untied DPLR: rwkv7_dplr's erase reads the undecayed state (rows decay with b_{t-1}); tests/dplr_decayed.dgps the
 # decayed one (b_t); tests/dplr_gained.dgps the decayed one with a write gain (v' = β v)
-UNTIED = ["rwkv7_dplr", "dplr_decayed", "dplr_gained"]
+UNTIED = ["rwkv7_dplr", "dplr_decayed", "dplr_gained", "dplr_tied"]  # and the tied DPLR (f = k): E = −e, Z = β v
 
 
 @pytest.mark.parametrize("layout", [{"HV": 4}, {"varlen": True}, {}], ids=["gva", "varlen", "plain"])

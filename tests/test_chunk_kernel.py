@@ -165,10 +165,11 @@ def test_infinite_and_huge_gates(name):
 # untied DPLR whose erase reads the decayed state (rwkv7_dplr's reads the undecayed one); the same with a write gain
 DPLR_DECAYED = (Path(__file__).resolve().parent / "dplr_decayed.dgps").read_text()
 EXTRA = {"dplr_decayed": DPLR_DECAYED,
-         "dplr_gained": (Path(__file__).resolve().parent / "dplr_gained.dgps").read_text()}
+         "dplr_gained": (Path(__file__).resolve().parent / "dplr_gained.dgps").read_text(),
+         "dplr_tied": (Path(__file__).resolve().parent / "dplr_tied.dgps").read_text()}
 
 
-@pytest.mark.parametrize("name", ["dplr_decayed", "dplr_gained"])
+@pytest.mark.parametrize("name", ["dplr_decayed", "dplr_gained", "dplr_tied"])
 @pytest.mark.parametrize("case", ["gva_ragged", "varlen", "bf16"])
 def test_untied_dplr_decayed_erase(case, name):
     kw = {"gva_ragged": dict(B=1, T=100, H=1, HV=2, dk=32, dv=32),
