@@ -89,6 +89,7 @@ from ..compiler.plan import (
     cp_stages,
     gate_gradient,
     launch_of,
+    precond_shares,
     residual_solve,
     split_reverse_pass,
     stored_adjoints,
@@ -393,7 +394,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     if bplan is None:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
     fused = plan.elementwise_grads
-    grad_code, parts = _input_grad_code(ir, em, _roles(plan, ir), skip=fused)
+    rl = _roles(plan, ir)
+    grad_code, parts = _input_grad_code(ir, em, rl, plan, skip=fused)
     stored = stored_adjoints(plan)
     # the templates keep no per-channel path without these stages
     if (plan.structure.decay == "vector") != ("bwd_intra" in bplan.kinds()):
@@ -423,7 +425,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 intra_diag=intra.attr("diag_blocks") if intra else None,
                 INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
-                fused_grads=_fused_grad_code(ir, em, _roles(plan, ir), fused, value_once=split))
+                fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=split),
+                precond_code=_precond_backward_code(ir, em, plan))
 
 
 def backward_reads_l(plan: Plan) -> bool:
@@ -497,11 +500,16 @@ class _Emitter:
         self.lean = ir.decay.kind != "vector" and ir.precond.kind != "diag"
         self.rows = ROWS if self.lean else "rows"
         self._kcols = ("o_k", "m_k", "BK")  # the key channels of key-side tiles: offsets, mask, tile width
+        # symbols a kernel already holds as tiles (the PDN backward's common subexpressions, its key tile b_k): a tile
+        # that reads one takes the variable instead of loading or evaluating it again
+        self.known: dict[str, str] = {}
 
     def _sym(self, name: str, side: str | None, rows: str, mask: str, tag: str, out: list[str]) -> str:
         var = f"_{tag}_{name}"
         ir = self.ir
         two_d = side is not None
+        if name in self.known:
+            return self.known[name]
         if name == HEAD_INDEX.name:
             return "i_hv.to(tl.float32)"
         if name == STAT.name:
@@ -723,6 +731,8 @@ def _context(ir: IR) -> dict:
         norm_eps=repr(ir.norm_eps),
         dptrs=", ".join(f"dx_{d.name}" for d in ir.inputs),
         nptrs="".join(f", pn_{n}" for n in ir.normalize),
+        sptrs="".join(f", apre_{n}_buf" for n in precond_shares(plan)),
+        precond_shares={n: _share_is_key(ir, n) for n in precond_shares(plan)},
         normalize=list(ir.normalize),
         norm_heads={n: ir.input(n).heads for n in ir.normalize},
         has_reductions=False,  # render_chunk sets these for a spec with channel reductions
@@ -735,7 +745,8 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None)
+                   tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None,
+                   precond_code=("", ""))
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)
@@ -757,7 +768,7 @@ def _context(ir: IR) -> dict:
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
-        ctx.update(dwrite_dkt=_diff(rl.write_key, KTILDE.name), dmap_dstat=_diff(diag.map, STAT.name))
+        ctx.update(dwrite_dkt=_diff(rl.write_key, KTILDE.name))
     return ctx
 
 
@@ -798,7 +809,7 @@ def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
             f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
 
 
-def _parts(ir: IR, em: _Emitter, rl: _Roles) -> list[_Part]:
+def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
     q, k = sp.Symbol("q", real=True), sp.Symbol("k", real=True)
     delta = not ir.structure.additive
     exact = ir.precond.kind == "exact"
@@ -827,14 +838,20 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles) -> list[_Part]:
     parts.append(_Part("a", rl.write_key, "key", "a_a = " + _tok("aa_buf", "key")))
     diag = ir.precond.diag
     if diag is not None:
-        hp = "i_h" if em.kt_heads == "key" else "i_hv"
-        nh = "H" if em.kt_heads == "key" else "HV"
+        # k̃'s and the increment's shares of each input they read, formed by bwd_precond_diag (precond_shares), per
+        # statistic head: a key tile, or NKP partial sums (one per block of key channels) of a per-token share
+        hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
         first = "i_hv % G == 0" if em.kt_heads == "key" else ""
-        dwk = _diff(rl.write_key, KTILDE.name)
-        load = (em.tile("d_wkt", dwk, "key", em.rows, "m_r", "BT", printer="bwd") + "\n    a_kt = d_wkt * a_a")
-        parts.append(_Part("kt", diag.map * k, "key", load))
-        inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
-        parts.append(_Part("pinc", inc, "key", "a_pinc = " + _tok("apinc_buf", "key", nh, hp, first)))
+        for name in precond_shares(plan):
+            buf = f"apre_{name}_buf"
+            if _share_is_key(ir, name):
+                parts.append(_Part(f"pre_{name}", _symbol(name), "key",
+                                   f"a_pre_{name} = " + _tok(buf, "key", nh, hp, first)))
+            else:
+                partial = _tok(f"{buf} + i_kp * TT * HP", None, nh, hp, first)
+                parts.append(_Part(f"pre_{name}", _symbol(name), None,
+                                   f"a_pre_{name} = tl.zeros([BT], dtype=tl.float32)\n"
+                                   f"    for i_kp in range(0, NKP):\n        a_pre_{name} += {partial}"))
         if diag.decay is not None:
             # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
             partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
@@ -851,6 +868,95 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles) -> list[_Part]:
         parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key", "H", "i_h", group)))
         parts.append(_Part("lam", ir.read.lam, None, _key_partials("a_lam", "alam_buf", "NKC")))
     return parts
+
+
+def _symbol(name: str) -> sp.Symbol:
+    return sp.Symbol(name, real=True)
+
+
+def _share_is_key(ir: IR, name: str) -> bool:
+    """Whether an input's share of the PDN statistic's parts is a key tile (the input has key channels) rather than a
+    per-token sum over them (a per-token input, a per-head param, a channel reduction)."""
+    d = next((d for d in ir.inputs if d.name == name), None)
+    return d is not None and d.vector == "key"
+
+
+def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
+    """bwd_precond_diag's element-wise work (statement lines at indent 0): (before the reverse scan) ∂map/∂A in
+    b_dmap; (after it) the chain rule for the inputs of the statistic's two local parts (compiler/plan.py:
+    precond_shares): share_x = ∂(map(A) ⊙ k)/∂x ⊙ dk̃ + ∂inc/∂x ⊙ dinc, with dk̃ in b_dkt (summed over the group's value
+    heads) and dinc in b_ab, stored as a key tile or as this block's per-token partial sum. The derivatives share
+    their subexpressions (the map's value, its log and softsign): sympy's cse forms each once, before the scan, where
+    b_dmap needs them too — the kernel is bound by its instructions per element."""
+    diag = ir.precond.diag
+    if diag is None:
+        return "", ""
+    k = _symbol("k")
+    inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
+    parts = ((diag.map * k, "b_dkt", "kt"), (inc, "b_ab", "inc"))
+    shares = precond_shares(plan)
+    terms: dict[str, list[tuple[sp.Expr, str]]] = {name: [] for name in shares}
+    for name in shares:
+        for expr, adjoint, _ in parts:
+            dx = _diff(expr, name)
+            if dx != 0:
+                terms[name].append((dx, adjoint))
+    dmap = _diff(diag.map, STAT.name)
+    exprs = [dmap] + [dx for name in shares for dx, _ in terms[name]]
+    temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("pcse_", real=True), optimizations="basic")
+    before: list[str] = []
+    after: list[str] = []
+    saved = dict(em.known)
+    em.known["k"] = "b_k"  # the statistic's key tile (chunk_common.pdn_statistic), fp32 and masked
+    try:
+        for sym, e in temps:
+            var = f"b_{sym.name}"
+            # the map's log as the forward took it (_fast_log: the SFU's lg2.approx), in its derivatives
+            before.append(em.tile(var, e, "key", em.rows, "m_r", "BTS", indent=0, printer="bwd", fast_log=True))
+            em.known[sym.name] = var
+        before.append(em.tile("b_dmap", reduced[0], "key", em.rows, "m_r", "BTS", indent=0, printer="bwd",
+                              fast_log=True))
+        # k̃'s terms (adjoint b_dkt) are finished before the scan, so that only each share, not the subexpressions
+        # and dk̃, stays live across it; the increment's (adjoint b_ab, the scan's output) after it
+        i = 1
+        for name in shares:
+            key = _share_is_key(ir, name)
+            var = f"b_pre_{name}"
+            started = {"b_dkt": False, "b_ab": False}
+            for _, adjoint in terms[name]:
+                dx = reduced[i]
+                i += 1
+                lines = before if adjoint == "b_dkt" else after
+                if adjoint == "b_ab":
+                    # after the scan k is loaded again (an L2 hit) rather than held across it: 145 → 118 registers
+                    # at dk = 128 (compile report, pgdn, sm_90; the kernel before this chain rule moved in: 94)
+                    em.known.pop("k", None)
+                if dx == 1:
+                    term = adjoint
+                elif isinstance(dx, sp.Symbol) and dx.name in em.known:
+                    term = f"{em.known[dx.name]} * {adjoint}"
+                else:
+                    tile = f"d_{name}_{'kt' if adjoint == 'b_dkt' else 'inc'}"
+                    lines.append(em.tile(tile, dx, "key", em.rows, "m_r", "BTS", indent=0, printer="bwd",
+                                         fast_log=True))
+                    term = f"{tile} * {adjoint}"
+                if not key:
+                    term = f"tl.sum({term}, 1)"
+                first = not any(started.values())
+                lines.append(f"{var} {'=' if first else '+='} {term}")
+                started[adjoint] = True
+            if not any(started.values()):
+                after.append(f"{var} = " + ("tl.zeros([BTS, BK], dtype=tl.float32)" if key else
+                                            "tl.zeros([BTS], dtype=tl.float32)"))
+            buf = f"apre_{name}_buf"
+            if key:
+                after.append(f"tl.store({buf} + {row_offset(em.rows, 'HP', 'i_p', 'DK', 'o_k')}, {var}, mask=m_rk)")
+            else:
+                after.append(f"tl.store({buf} + i_kb * TT * HP + {row_offset(em.rows, 'HP', 'i_p')}, {var}, "
+                             "mask=m_r)")
+    finally:
+        em.known = saved
+    return "\n".join(before), "\n".join(after)
 
 
 _REDUCE = {  # (input shape, part side) -> how a term [BT] / [BT, BK] / [BT, BV] becomes the input's shape
@@ -886,8 +992,8 @@ def _grad_store(d: TensorDecl, g: str, shape: str, only_if: str = "") -> str:
     return f"tl.store({ptr}, {store}" + (f", mask={m})" if m else ")")
 
 
-def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, fused: tuple[str, ...], value_once: bool = False
-                     ) -> dict[str, str]:
+def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, fused: tuple[str, ...],
+                     value_once: bool = False) -> dict[str, str]:
     """Per bwd_grads part (z, q, e, a): the chain-rule statements for the inputs in `fused`, placed where that
     part's adjoint tile is final; an input's gradient is stored after the last part that reads it. The value-side
     part (z) runs in every key block, whose block 0 stores it, unless `value_once`: then a per-chunk stage (bwd_solve)
@@ -898,7 +1004,7 @@ def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, fused: tuple[str, ...], v
         return {p: "" for p in out}
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
-        every = _parts(ir, em, rl)
+        every = _parts(ir, em, rl, plan)
         parts = {p.name: p for p in every if p.name in _ADJOINT_OF_PART}
         order = [p for p in _ADJOINT_OF_PART if p in parts]
         for d in ir.inputs:
@@ -939,22 +1045,18 @@ def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, fused: tuple[str, ...], v
     return {p: ("\n" + " " * (8 if p == "z" else 4)).join(lines) for p, lines in out.items()}
 
 
-def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, skip: tuple[str, ...] = ()) -> tuple[str, list[_Part]]:
+def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, skip: tuple[str, ...] = ()
+                     ) -> tuple[str, list[_Part]]:
     """The body of the `inputs` backward stage: adjoint loads, then one gradient per input (but those in
     `skip`, which bwd_grads finishes)."""
     saved, em.q_override = em.q_override, None  # derivatives see the inputs, not q̂
     try:
         rest = [d for d in ir.inputs if d.name not in skip]
-        every = _parts(ir, em, rl)
+        every = _parts(ir, em, rl, plan)
         # the adjoints the remaining inputs read, and those another part's load reads (the PDN's k̃ reads a_a)
         parts = [p for p in every if any(_diff(p.expr, d.name) != 0 for d in rest)]
         parts = [p for p in every if p in parts or any(re.search(rf"\ba_{p.name}\b", q.load) for q in parts)]
-        lines: list[str] = []
-        if ir.precond.kind == "diag":
-            hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
-            lines.append(f"b_stat = tl.load(stat_buf + {row_offset(ROWS, nh, hp, 'DK', 'o_k')}, "
-                         "mask=m_rk, other=0.)")
-        lines += [p.load for p in parts]
+        lines = [p.load for p in parts]
         for d in rest:
             role = {"key": "key", "value": "value", None: "token"}[d.vector]
             shape = ("param" if role == "token" else f"param_{role}") if d.is_param else role
@@ -973,8 +1075,7 @@ def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, skip: tuple[str, ...] = (
                     term = f"a_{p.name}"
                 else:
                     var = f"d_{d.name}_{p.name}"
-                    # the PDN map's log as the forward took it (_fast_log: the SFU's lg2.approx), in its derivatives
-                    lines.append(em.tile(var, dx, p.side, em.rows, "m_r", "BT", printer="bwd", fast_log=p.name == "kt"))
+                    lines.append(em.tile(var, dx, p.side, em.rows, "m_r", "BT", printer="bwd"))
                     term = f"{var} * a_{p.name}"
                 lines.append(f"{g} += " + _REDUCE[key].format(t=term))
             if d.name in ir.normalize:  # y = x / sqrt(|x|² + eps): dx = rstd (dy − y (y · dy))

@@ -503,9 +503,10 @@ def test_backward_plan(name):
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])
 def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
     """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept (8 B per token
-    and head for the carries, not 512 for the per-token statistic), which bwd_precond_diag re-forms after the chunk
-    gradients, for bwd_inputs; the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the
-    state passes (freed before the peak); H_n is rerun; the printed model names every decision."""
+    and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms it after the
+    chunk gradients and forms each input's share of k̃'s and the increment's chain rule (bwd_inputs reads the shares,
+    not the statistic); the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the state
+    passes (freed before the peak); H_n is rerun; the printed model names every decision."""
     from dgps.compiler.plan import PEAK_PHASE, build_backward_plan, bytes_per_token
 
     p = plan(name)
@@ -518,8 +519,12 @@ def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
     assert m["state_pass"].recompute and "state_pass" in bp.recomputed
     assert bp.kept_bytes == sum(bytes_per_token(o) for d in bp.memory for o in d.kept)
     pd = next(st for st in bp.stages if st.kind == "bwd_precond_diag")
-    assert "A_t" in pd.output_names and pd.attr("reads") == ("precond_diag.An",)
-    assert "A_t" in next(st for st in bp.stages if st.kind == "bwd_inputs").inputs
+    assert pd.attr("reads") == ("precond_diag.An",)
+    # k (a key tile per token), betaP and mu (per-token sums over key channels); no per-token statistic or dinc
+    shares = {o.name: o.shape for o in pd.outputs if o.name.startswith("dpre_")}
+    assert shares == {"dpre_k": "[B,T,H,dk]", "dpre_betaP": "[B,T,H]", "dpre_mu": "[B,T,H]"}
+    inputs = next(st for st in bp.stages if st.kind == "bwd_inputs").inputs
+    assert set(shares) <= set(inputs) and not {"A_t", "dinc"} & set(inputs)
     text = format_plan(p)
     assert "memory model" in text and all(d.why in text for d in bp.memory)
 

@@ -1245,17 +1245,21 @@ def chunk_bwd_inputs_kernel(
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta"]
 _NORMALIZED = ["q", "k"]  # inputs the l2norm stage normalises once (into pn_<name>)
+# inputs whose share of the PDN statistic's parts bwd_precond_diag forms (into apre_<name>_buf): a key tile, or
+# per-token partial sums, one per block of key channels
+_PRECOND_SHARES = {}
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
+            "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
-            "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apdec_buf",
+            "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
             "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
-    tuple("pn_" + n for n in _NORMALIZED)
+    tuple("pn_" + n for n in _NORMALIZED) + \
+    tuple(f"apre_{n}_buf" for n in _PRECOND_SHARES)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")

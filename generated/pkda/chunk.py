@@ -1325,13 +1325,14 @@ def chunk_bwd_grad_kernel(
 #   channels is written per block (NKP partial sums, added up where the chain rule reads it).
 #   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
 #   𝒜 itself is re-formed per step of BTS tokens (whole chunks, as the forward steps) from the forward's carry A_n at
-#   the step's first chunk, as the forward formed it, and stored for bwd_inputs: the backward allocates it after the
-#   chunk gradients, not from the forward onwards.
+#   the step's first chunk, as the forward formed it. The chain rule of k̃ = map(𝒜) ⊙ k and of the increment runs here,
+#   where 𝒜 and both adjoints are at hand: each input they read gets its share (apre_<input>_buf, compiler/plan.py:
+#   precond_shares), and bwd_inputs adds it, instead of reading 𝒜, dk̃ and Ā back as three fp32 tiles per token.
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
-    p_k, p_gP, p_betaP, p_mu, stat_buf, an_buf, da_fin, da0, aa_buf, apinc_buf, apdec_buf, cu_seqlens,
-    chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
-    BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+    p_k, p_gP, p_betaP, p_mu, an_buf, da_fin, da0, aa_buf, apdec_buf, apre_betaP_buf, apre_k_buf, apre_mu_buf,
+    cu_seqlens, chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -1368,15 +1369,22 @@ def chunk_bwd_precond_diag_kernel(
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
             b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
                 b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
                 b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
-            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
+            b_pcse_0 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (1e-06 + b_stat), 0.)
+            _b_pcse_1_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_pcse_1 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_pcse_1_mu + (-1.0 * _fast_log(b_pcse_0, INTERPRET))), 0.)
+            b_pcse_2 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * (((-1.0 * b_pcse_1)) / (1.0 + tl.abs((-1.0 * b_pcse_1)))))), 0.)
+            b_pcse_3 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (0.4054651081081644 * b_pcse_2 * (1.0 / ((1.0 + tl.abs(b_pcse_1)) * (1.0 + tl.abs(b_pcse_1))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-1.0 * b_pcse_3 * (1.0 / (b_pcse_0))), 0.)
+            b_pre_k = b_pcse_2 * b_dkt
+            _d_mu_kt_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_mu_kt_k * b_pcse_3), 0.)
+            b_pre_mu = tl.sum(d_mu_kt * b_dkt, 1)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
@@ -1392,7 +1400,16 @@ def chunk_bwd_precond_diag_kernel(
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
-            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+            _d_betaP_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
+            b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
+            tl.store(apre_betaP_buf + i_kb * TT * HP + rows * HP + i_p, b_pre_betaP, mask=m_r)
+            _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            _d_k_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
+            b_pre_k += d_k_inc * b_ab
+            tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
+            tl.store(apre_mu_buf + i_kb * TT * HP + rows * HP + i_p, b_pre_mu, mask=m_r)
             i_ts -= 1
     else:
         # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
@@ -1415,15 +1432,22 @@ def chunk_bwd_precond_diag_kernel(
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
             b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
             _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
-            tl.store(stat_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_stat, mask=m_rk)
             b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
                 b_aa = tl.load(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
                 b_dwk = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + 1.0, 0.)
                 b_dkt += b_dwk * b_aa
-            _b_dmap_mu = tl.load(p_mu + i_h).to(tl.float32)
-            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-0.4054651081081644 * (1.0 / ((1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_b_dmap_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * (1.0 / ((1e-06 + b_stat))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_dmap_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
+            b_pcse_0 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (1e-06 + b_stat), 0.)
+            _b_pcse_1_mu = tl.load(p_mu + i_h).to(tl.float32)
+            b_pcse_1 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_b_pcse_1_mu + (-1.0 * _fast_log(b_pcse_0, INTERPRET))), 0.)
+            b_pcse_2 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * (((-1.0 * b_pcse_1)) / (1.0 + tl.abs((-1.0 * b_pcse_1)))))), 0.)
+            b_pcse_3 = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (0.4054651081081644 * b_pcse_2 * (1.0 / ((1.0 + tl.abs(b_pcse_1)) * (1.0 + tl.abs(b_pcse_1))))), 0.)
+            b_dmap = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (-1.0 * b_pcse_3 * (1.0 / (b_pcse_0))), 0.)
+            b_pre_k = b_pcse_2 * b_dkt
+            _d_mu_kt_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_mu_kt_k * b_pcse_3), 0.)
+            b_pre_mu = tl.sum(d_mu_kt * b_dkt, 1)
             b_dst = b_dmap * b_k * b_dkt
             last = tl.minimum(eos - t0, BTS) - 1
             # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
@@ -1439,18 +1463,27 @@ def chunk_bwd_precond_diag_kernel(
             tl.store(apdec_buf + i_kb * TT * HP + rows * HP + i_p, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
-            tl.store(apinc_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_ab, mask=m_rk)
+            _d_betaP_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
+            b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
+            tl.store(apre_betaP_buf + i_kb * TT * HP + rows * HP + i_p, b_pre_betaP, mask=m_r)
+            _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            _d_k_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
+            b_pre_k += d_k_inc * b_ab
+            tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
+            tl.store(apre_mu_buf + i_kb * TT * HP + rows * HP + i_p, b_pre_mu, mask=m_r)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
-#   Parts: lg = g; beta = beta; e = k; a = ktilde; kt = k*exp(-0.405465108108164*softsign(-mu + log(A + 1.0e-6))); pinc = betaP*k**2; pdec = gP
+#   Parts: lg = g; beta = beta; e = k; pre_betaP = betaP; pre_k = k; pre_mu = mu; pdec = gP
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_k, p_betaP, p_mu, stat_buf, ae_buf, aa_buf, abeta_buf, ag_buf, apinc_buf, apdec_buf, dx_k, dx_g, dx_beta,
-    dx_gP, dx_betaP, dx_mu, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr,
+    ae_buf, abeta_buf, ag_buf, apdec_buf, dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, apre_betaP_buf, apre_k_buf,
+    apre_mu_buf, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, INTERPRET: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
+    DT_ID: tl.constexpr, NKP: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1469,29 +1502,25 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    b_stat = tl.load(stat_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
         a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    d_wkt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + 1.0, 0.)
-    a_kt = d_wkt * a_a
-    a_pinc = tl.load(apinc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
+    a_pre_betaP = tl.zeros([BT], dtype=tl.float32)
+    for i_kp in range(0, NKP):
+        a_pre_betaP += tl.load(apre_betaP_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+    a_pre_k = tl.load(apre_k_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
+    a_pre_mu = tl.zeros([BT], dtype=tl.float32)
+    for i_kp in range(0, NKP):
+        a_pre_mu += tl.load(apre_mu_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     for i_kp in range(0, NKP):
         a_pdec += tl.load(apdec_buf + i_kp * TT * HP + t0 * H + ((o_t) * H + i_h), mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d k
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += a_e
-    _d_k_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
-    d_k_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _d_k_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _d_k_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
-    g_k += d_k_kt * a_kt
-    _d_k_pinc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-    _d_k_pinc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    d_k_pinc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (2.0 * _d_k_pinc_k * _d_k_pinc_betaP[:, None]), 0.)
-    g_k += d_k_pinc * a_pinc
+    g_k += a_pre_k
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
@@ -1507,32 +1536,31 @@ def chunk_bwd_inputs_kernel(
     tl.store(dx_gP + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_gP, dx_gP, DT_ID), mask=m_r)
     # d betaP
     g_betaP = tl.zeros([BT], dtype=tl.float32)
-    _d_betaP_pinc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    d_betaP_pinc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (_d_betaP_pinc_k * _d_betaP_pinc_k), 0.)
-    g_betaP += tl.sum(d_betaP_pinc * a_pinc, 1)
+    g_betaP += a_pre_betaP
     tl.store(dx_betaP + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_betaP, dx_betaP, DT_ID), mask=m_r)
     # d mu
     g_mu = 0.0
-    _d_mu_kt_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _d_mu_kt_mu = tl.load(p_mu + i_h).to(tl.float32)
-    d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (0.4054651081081644 * _d_mu_kt_k * (1.0 / ((1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))) * (1.0 + tl.abs((_d_mu_kt_mu + (-1.0 * _fast_log((1e-06 + b_stat), INTERPRET))))))) * tl.exp((-0.4054651081081644 * ((((-1.0 * _d_mu_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _d_mu_kt_mu) + _fast_log((1e-06 + b_stat), INTERPRET)))))))), 0.)
-    g_mu += tl.sum(tl.sum(d_mu_kt * a_kt, 1), 0)
+    g_mu += tl.sum(a_pre_mu, 0)
     tl.store(dx_mu + i_c.to(tl.int64) * HV + i_hv, _cast_for(g_mu, dx_mu, DT_ID))
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "beta", "gP", "betaP", "mu"]
 _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
+# inputs whose share of the PDN statistic's parts bwd_precond_diag forms (into apre_<name>_buf): a key tile, or
+# per-token partial sums, one per block of key channels
+_PRECOND_SHARES = {'betaP': False, 'k': True, 'mu': False}
 _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
-            "stat_buf", "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
+            "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
-            "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apinc_buf",
-            "apdec_buf", "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
+            "aq_buf", "akc_buf", "ae_buf", "aa_buf", "az_buf", "abeta_buf", "ag_buf", "alam_buf", "apdec_buf",
+            "dsq_buf", "dsl_buf", "dbc_buf", "pq_buf", "pa_buf", "pe_buf", "dy_buf", "dsg_buf",
             "dlg_buf", "dgs_buf", "dgl_buf",
             "wg_buf", "aew_buf", "aqw_buf", "dsw_buf", "dsqw_buf", "pf_buf", "af_buf", "dvs_buf",
             "gn_buf", "p0", "p_out", "dp_fin", "dp0", "akx_buf", "aqx_buf", "wx_buf", "ge_buf", "ga_buf") + \
     tuple("dx_" + n for n in _INPUTS) + \
-    tuple("pn_" + n for n in _NORMALIZED)
+    tuple("pn_" + n for n in _NORMALIZED) + \
+    tuple(f"apre_{n}_buf" for n in _PRECOND_SHARES)
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
@@ -1549,8 +1577,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'stat_buf', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apinc_buf', 'apdec_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET'),
-    'chunk_bwd_inputs_kernel': ('p_k', 'p_betaP', 'p_mu', 'stat_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'apinc_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET', 'NKP', 'NKG'),
+    'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET'),
+    'chunk_bwd_inputs_kernel': ('ae_buf', 'abeta_buf', 'ag_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -2176,8 +2204,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra's share of db, then bwd_grads' dg
     bufs["da_fin"] = fin("A")
     make["da0"] = (N * HP * DK, fp32)
-    make["stat_buf"] = (TT * HP * DK, fp32)  # every token's statistic, re-formed by bwd_precond_diag for bwd_inputs
-    make["apinc_buf"] = (TT * HP * DK, fp32)
+    for n, key in _PRECOND_SHARES.items():  # each input's share of k̃'s and the increment's chain rule
+        make[f"apre_{n}_buf"] = (TT * HP * DK, fp32) if key else (run.nkp * TT * HP, fp32)
     make["apdec_buf"] = (run.nkp * TT * HP, fp32)  # one partial sum per block of key channels
     lasts = {}
     for n in _INPUTS:
