@@ -331,6 +331,8 @@ def main() -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--variants", nargs="*", choices=("scalar", "vector"), default=None,
                    help="the variants FLA lacks against their base system: both families, or those named")
+    p.add_argument("--variant-specs", nargs="+", default=None, metavar="SPEC",
+                   help="with --variants: only these specs of the families (a short device call)")
     p.add_argument("--cold-start", action="store_true")
     p.add_argument("--cold-start-rounds", type=int, default=2, help="interleaved rounds of the cold-start modes")
     p.add_argument("--cold-start-modes", nargs="+", default=["0", "threads", "processes"],
@@ -424,6 +426,8 @@ def main() -> int:
         families = {"scalar": ("gdn", "ccq_gdn", "pgdn", "cler_h_gdn"),
                     "vector": ("kda", "kda_l2norm", "gla", "gla_l2norm", "pkda", "ccq_gla", "clvr_kda", "cler_h_kda")}
         for family in (families[f] for f in (args.variants or families)):
+            if args.variant_specs:
+                family = tuple(spec for spec in family if spec in args.variant_specs)
             steps = {}
             for spec in family:
                 rec = dgps.load(variant_spec(spec))

@@ -6,7 +6,8 @@
 #   a: GPU checks (pgdn, pdn, pkda, precond_gdn's and precond_kda's FLA systems untouched), scalar variants with
 #      profiles, precond_gdn and precond_kda against FLA.                                            (~450 s)
 #   b: run 90's part: ccq_gla's bwd_curvature_key sweep, vector variants with profiles.               (~450 s)
-# Usage: bash benchmarks/runs/2026-12-05_run92.sh a|b   (writes under $OUT)
+#   c: a and b's PDN part in one short call (checks, gdn/pgdn/kda/pkda variants, precond_gdn/kda vs FLA). (~420 s)
+# Usage: bash benchmarks/runs/2026-12-05_run92.sh a|b|c   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 case "$1" in
@@ -25,6 +26,14 @@ b)
   timeout 330 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
       --json $OUT/run92_vec.json 2>&1 | q | grep "^variants"
   ;;
-*) echo "usage: $0 a|b"; exit 2 ;;
+c)
+  # one call when device time is short (~420 s): the PDN change's checks and its systems only
+  timeout 100 python3 benchmarks/check_gpu_grads.py --systems pgdn pkda --dtype bf16 2>&1 | q | tail -3
+  timeout 200 python3 benchmarks/bench_fla.py --systems --variants --variant-specs gdn pgdn kda pkda --reps 5 --profile \
+      --json $OUT/run92_pdn_variants.json 2>&1 | q | grep "^variants"
+  timeout 110 python3 benchmarks/bench_fla.py --systems precond_gdn precond_kda --reps 5 \
+      --json $OUT/run92_precond.json 2>&1 | q | tail -3
+  ;;
+*) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 echo "== done"
