@@ -78,8 +78,9 @@ def test_chunk_start_carries_do_not_depend_on_the_step(monkeypatch: pytest.Monke
 
 def test_fast_log_only_in_the_pdn_map() -> None:
     """The PDN map's log goes through `_fast_log` (the SFU's lg2.approx on the GPU, the exact log under the
-    interpreter), in the forward, the statistic's backward and the chain rule's derivatives of map(A) k; every other
-    log of a generated module — the gates' logsigmoid, softplus — keeps the exact form."""
+    interpreter), in the forward and the statistic's backward, which also forms the chain rule's derivatives of
+    map(A) k (bwd_inputs no longer evaluates the map); every other log of a generated module — the gates'
+    logsigmoid, softplus — keeps the exact form."""
     import re
 
     import sympy as sp
@@ -94,8 +95,7 @@ def test_fast_log_only_in_the_pdn_map() -> None:
         src = render_chunk(dgps.load(SPECS / f"{name}.dgps").ir)
         kernels = re.split(r"\n@triton\.jit\n", src)
         uses = {k.split("(", 1)[0].removeprefix("def ") for k in kernels if "_fast_log(" in k.split(":", 1)[-1]}
-        assert uses == {"chunk_precond_diag_kernel", "chunk_bwd_precond_diag_kernel", "chunk_bwd_inputs_kernel"}, \
-            (name, uses)
+        assert uses == {"chunk_precond_diag_kernel", "chunk_bwd_precond_diag_kernel"}, (name, uses)
     # in the chain rule only the map's terms: gdn_fused_gate's gates keep the exact log
     src = render_chunk(dgps.load(SPECS / "gdn_fused_gate.dgps").ir)
     assert "_fast_log(" not in src and "tl.log(" in src
