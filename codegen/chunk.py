@@ -764,7 +764,8 @@ def _context(ir: IR) -> dict:
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
     # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
-    ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT)
+    ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT,
+               partial_offset=PRECOND_PARTIAL)
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")
     if diag is not None:
@@ -809,6 +810,24 @@ def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
             f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
 
 
+# where bwd_precond_diag stores its block's partial sum of a per-token adjoint in a [T, HP, NKP] buffer: the step's
+# first token t0 (int64) apart from the int32 offsets within the step (as `row_offset`'s split form), which kept the
+# kernel at 118 registers where the int64 form `(rows * HP + i_p) * NKP + i_kb` took 147 (compile report, pgdn, sm_90)
+PRECOND_PARTIAL = "t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb)"
+
+
+def _precond_partials(var: str, buf: str, heads: str, head: str, only_if: str) -> str:
+    """Load a per-token adjoint that bwd_precond_diag leaves as NKP partial sums, one per block of key channels, in
+    a token-major [T, heads, NKP] buffer: each token's partials as one contiguous row of a [BT, NKPP] tile, summed.
+    (As NKP loads of a [T, heads] slice each, a token's float was a 32-byte sector of its own per partial: pgdn's
+    bwd_inputs, with three such adjoints, took 2.7× gdn's on an H100, run 92.)"""
+    mask = "m_r[:, None] & (o_kp < NKP)[None, :]"
+    if only_if:
+        mask = f"tl.where({only_if}, {mask}, False)"
+    return (f"o_kp = tl.arange(0, NKPP)\n    {var} = tl.sum(tl.load({buf} + {row_offset(ROWS, heads, head, 'NKP', 'o_kp')}, "
+            f"mask={mask}, other=0.), 1)")
+
+
 def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
     q, k = sp.Symbol("q", real=True), sp.Symbol("k", real=True)
     delta = not ir.structure.additive
@@ -848,15 +867,11 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
                 parts.append(_Part(f"pre_{name}", _symbol(name), "key",
                                    f"a_pre_{name} = " + _tok(buf, "key", nh, hp, first)))
             else:
-                partial = _tok(f"{buf} + i_kp * TT * HP", None, nh, hp, first)
-                parts.append(_Part(f"pre_{name}", _symbol(name), None,
-                                   f"a_pre_{name} = tl.zeros([BT], dtype=tl.float32)\n"
-                                   f"    for i_kp in range(0, NKP):\n        a_pre_{name} += {partial}"))
+                parts.append(_Part(f"pre_{name}", _symbol(name), None, _precond_partials(f"a_pre_{name}", buf, nh, hp,
+                                                                                          first)))
         if diag.decay is not None:
             # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
-            partial = _tok("apdec_buf + i_kp * TT * HP", None, nh, hp, first)
-            parts.append(_Part("pdec", diag.decay, None, "a_pdec = tl.zeros([BT], dtype=tl.float32)\n"
-                               f"    for i_kp in range(0, NKP):\n        a_pdec += {partial}"))
+            parts.append(_Part("pdec", diag.decay, None, _precond_partials("a_pdec", "apdec_buf", nh, hp, first)))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":
@@ -952,8 +967,7 @@ def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
             if key:
                 after.append(f"tl.store({buf} + {row_offset(em.rows, 'HP', 'i_p', 'DK', 'o_k')}, {var}, mask=m_rk)")
             else:
-                after.append(f"tl.store({buf} + i_kb * TT * HP + {row_offset(em.rows, 'HP', 'i_p')}, {var}, "
-                             "mask=m_r)")
+                after.append(f"tl.store({buf} + {PRECOND_PARTIAL}, {var}, mask=m_r)")
     finally:
         em.known = saved
     return "\n".join(before), "\n".join(after)

@@ -152,6 +152,14 @@ def test_gradients_bf16(name: str) -> None:
     check_gradients(name, dtype=torch.bfloat16, HV=4)
 
 
+def test_pdn_partial_sums_in_a_block_count_not_a_power_of_two() -> None:
+    """bwd_precond_diag leaves the per-token adjoints of the statistic (its decay's, its gain's and the map's μ share)
+    as one partial sum per block of 8 key channels, token-major ([T, heads, NKP]); bwd_inputs reads a token's partials
+    as one masked row of NKPP = next power of two columns. At dk = 72 that is 9 blocks in a row of 16, the last block
+    padded: every gradient meets the reference (grouped value heads, packed sequences)."""
+    check_gradients("pgdn", T=150, H=1, HV=2, dk=72, dv=16, varlen=True, cuts=(45, 100))
+
+
 @pytest.mark.parametrize(("name", "BK", "BV"), [("ccq_gdn", 32, 16), ("ccq_gla_uncentered", 64, 32)])
 def test_curvature_sums_split_over_column_blocks(name: str, BK: int, BV: int) -> None:
     """The curvature passes hold BV columns of the dk × dk sums, their rows in one or two tiles of BK: at dk = 48 that is
