@@ -137,8 +137,15 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
         gp = b.input("gP" + ("k" if key_head else ""), "token log_gate" + (" key_head" if key_head else ""))
         bp = draw(_unit(b, "token", key_head))
         x = draw(st.sampled_from(["1.5", "2"]))
-        b.slots.append(f"precond diag(k * k, decay = {gp}, gain = {bp}) -> exp(-log({x}) * softsign(log(A + 1e-6))) "
-                       f"on write_key")
+        # the map's offset (PDN's μ): none, a per-head param or a per-key-channel one — the backward forms a param's
+        # share of the map's chain rule per token (a sum over key channels, or a key tile) and sums it over tokens
+        shift = draw(st.sampled_from(["", "head", "key_channel"]))
+        mu = ""
+        if shift:
+            decl = "head key_head free" if shift == "head" and key_head else f"{shift} free"
+            mu = f" - {b.param('pmu' if shift == 'head' else 'pmuk', decl)}"
+        b.slots.append(f"precond diag(k * k, decay = {gp}, gain = {bp}) -> exp(-log({x}) * softsign(log(A + 1e-6)"
+                       f"{mu})) on write_key")
     elif precond == "exact":
         placement = "query" if solve == "additive" and draw(st.booleans()) else "write_key"
         b.slots.append(f"precond exact(lambda = {draw(st.sampled_from(['1.0', '0.5']))}) on {placement}")
