@@ -144,7 +144,12 @@ def specs(draw: st.DrawFn, chunkable_only: bool = False) -> str:
         if shift:
             decl = "head key_head free" if shift == "head" and key_head else f"{shift} free"
             mu = f" - {b.param('pmu' if shift == 'head' else 'pmuk', decl)}"
-        b.slots.append(f"precond diag(k * k, decay = {gp}, gain = {bp}) -> exp(-log({x}) * softsign(log(A + 1e-6)"
+        # the statistic: k ⊙ k, or scaled per channel by a key-side unit (another key input whose share the backward
+        # forms next to k's)
+        stat = draw(st.sampled_from(["k * k", "scaled"]))
+        if stat == "scaled":
+            stat = f"k * k * {draw(_unit(b, 'key'))}"
+        b.slots.append(f"precond diag({stat}, decay = {gp}, gain = {bp}) -> exp(-log({x}) * softsign(log(A + 1e-6)"
                        f"{mu})) on write_key")
     elif precond == "exact":
         placement = "query" if solve == "additive" and draw(st.booleans()) else "write_key"
