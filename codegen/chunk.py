@@ -731,8 +731,8 @@ def _context(ir: IR) -> dict:
         norm_eps=repr(ir.norm_eps),
         dptrs=", ".join(f"dx_{d.name}" for d in ir.inputs),
         nptrs="".join(f", pn_{n}" for n in ir.normalize),
-        sptrs="".join(f", apre_{n}_buf" for n in precond_shares(plan)),
-        precond_shares={n: _share_is_key(ir, n) for n in precond_shares(plan)},
+        sptrs="".join(f", apre_{n}_buf" for n, _ in precond_shares(plan)),
+        precond_shares=dict(precond_shares(plan)),
         normalize=list(ir.normalize),
         norm_heads={n: ir.input(n).heads for n in ir.normalize},
         has_reductions=False,  # render_chunk sets these for a spec with channel reductions
@@ -824,7 +824,7 @@ def _precond_partials(var: str, buf: str, heads: str, head: str, only_if: str) -
     mask = "m_r[:, None] & (o_kp < NKP)[None, :]"
     if only_if:
         mask = f"tl.where({only_if}, {mask}, False)"
-    return (f"o_kp = tl.arange(0, NKPP)\n    {var} = tl.sum(tl.load({buf} + {row_offset(ROWS, heads, head, 'NKP', 'o_kp')}, "
+    return (f"{var} = tl.sum(tl.load({buf} + {row_offset(ROWS, heads, head, 'NKP', 'o_kp')}, "
             f"mask={mask}, other=0.), 1)")
 
 
@@ -861,9 +861,9 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
         # statistic head: a key tile, or NKP partial sums (one per block of key channels) of a per-token share
         hp, nh = ("i_h", "H") if em.kt_heads == "key" else ("i_hv", "HV")
         first = "i_hv % G == 0" if em.kt_heads == "key" else ""
-        for name in precond_shares(plan):
+        for name, key in precond_shares(plan):
             buf = f"apre_{name}_buf"
-            if _share_is_key(ir, name):
+            if key:
                 parts.append(_Part(f"pre_{name}", _symbol(name), "key",
                                    f"a_pre_{name} = " + _tok(buf, "key", nh, hp, first)))
             else:
@@ -889,13 +889,6 @@ def _symbol(name: str) -> sp.Symbol:
     return sp.Symbol(name, real=True)
 
 
-def _share_is_key(ir: IR, name: str) -> bool:
-    """Whether an input's share of the PDN statistic's parts is a key tile (the input has key channels) rather than a
-    per-token sum over them (a per-token input, a per-head param, a channel reduction)."""
-    d = next((d for d in ir.inputs if d.name == name), None)
-    return d is not None and d.vector == "key"
-
-
 def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
     """bwd_precond_diag's element-wise work (statement lines at indent 0): (before the reverse scan) ∂map/∂A in
     b_dmap; (after it) the chain rule for the inputs of the statistic's two local parts (compiler/plan.py:
@@ -909,7 +902,7 @@ def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
     k = _symbol("k")
     inc = diag.stat * diag.gain if diag.gain is not None else diag.stat
     parts = ((diag.map * k, "b_dkt", "kt"), (inc, "b_ab", "inc"))
-    shares = precond_shares(plan)
+    shares = dict(precond_shares(plan))
     terms: dict[str, list[tuple[sp.Expr, str]]] = {name: [] for name in shares}
     for name in shares:
         for expr, adjoint, _ in parts:
@@ -934,11 +927,9 @@ def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
         # k̃'s terms (adjoint b_dkt) are finished before the scan, so that only each share, not the subexpressions
         # and dk̃, stays live across it; the increment's (adjoint b_ab, the scan's output) after it
         i = 1
-        for name in shares:
-            key = _share_is_key(ir, name)
+        for name, key in shares.items():
             var = f"b_pre_{name}"
-            started = {"b_dkt": False, "b_ab": False}
-            for _, adjoint in terms[name]:
+            for n_term, (_, adjoint) in enumerate(terms[name]):
                 dx = reduced[i]
                 i += 1
                 lines = before if adjoint == "b_dkt" else after
@@ -957,10 +948,9 @@ def _precond_backward_code(ir: IR, em: _Emitter, plan: Plan) -> tuple[str, str]:
                     term = f"{tile} * {adjoint}"
                 if not key:
                     term = f"tl.sum({term}, 1)"
-                first = not any(started.values())
-                lines.append(f"{var} {'=' if first else '+='} {term}")
-                started[adjoint] = True
-            if not any(started.values()):
+                # terms run k̃'s first (before the scan), then the increment's (after it)
+                lines.append(f"{var} {'+=' if n_term else '='} {term}")
+            if not terms[name]:
                 after.append(f"{var} = " + ("tl.zeros([BTS, BK], dtype=tl.float32)" if key else
                                             "tl.zeros([BTS], dtype=tl.float32)"))
             buf = f"apre_{name}_buf"
@@ -1071,6 +1061,8 @@ def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, skip: tuple[s
         parts = [p for p in every if any(_diff(p.expr, d.name) != 0 for d in rest)]
         parts = [p for p in every if p in parts or any(re.search(rf"\ba_{p.name}\b", q.load) for q in parts)]
         lines = [p.load for p in parts]
+        if any("o_kp" in p.load for p in parts):  # the columns of _precond_partials' rows
+            lines.insert(0, "o_kp = tl.arange(0, NKPP)")
         for d in rest:
             role = {"key": "key", "value": "value", None: "token"}[d.vector]
             shape = ("param" if role == "token" else f"param_{role}") if d.is_param else role

@@ -1184,29 +1184,30 @@ def _bwd_curvature_key(p: Plan) -> Stage | None:
     return Stage("bwd_curvature_key", "bwd_curvature_key", ins, (Operand("dk_c", "[B,T,H,dk]", "fp32"),), attrs)
 
 
-def precond_shares(p: Plan) -> tuple[str, ...]:
+def precond_shares(p: Plan) -> tuple[tuple[str, bool], ...]:
     """The inputs that the PDN statistic's two local parts read: k̃ = map(A) ⊙ k (k, the map's inputs) and the
-    increment (`p_inc`). bwd_precond_diag holds A and both parts' adjoints (dk̃ summed over the value heads, and the
-    increment's, the reverse scan's output), so it forms each such input's share of its gradient there: bwd_inputs
-    reads one share per input instead of A_t, dk̃ and the increment's adjoint (three fp32 key tiles per token), and
-    no longer evaluates the map's transcendentals again. Sorted by name."""
+    increment (`p_inc`), each with whether its share is a key tile (the input has key channels) rather than a per-token
+    sum over them (a per-token input, a per-head param, a channel reduction). bwd_precond_diag holds A and both parts'
+    adjoints (dk̃ summed over the value heads, and the increment's, the reverse scan's output), so it forms each such
+    input's share of its gradient there: bwd_inputs reads one share per input instead of A_t, dk̃ and the increment's
+    adjoint (three fp32 key tiles per token), and no longer evaluates the map's transcendentals again. Sorted by name."""
     st = p.find("precond_diag")
     if not st:
         return ()
     exprs = (st[0].attr("map"), p.role("p_inc"))
     names = {"k"} | {x.name for e in exprs for x in e.free_symbols}
-    return tuple(sorted(names - {KTILDE.name, STAT.name, HEAD_INDEX.name}))
+    dims = {o.name: o.dims for o in p.inputs}
+    return tuple((x, "dk" in dims.get(x, ())) for x in sorted(names - {KTILDE.name, STAT.name, HEAD_INDEX.name}))
 
 
 def _bwd_precond_diag(p: Plan) -> Stage | None:
     if not p.find("precond_diag"):
         return None
     heads = "H" if p.find("precond_diag")[0].attr("heads") == "key" else "HV"
-    dims = {o.name: o.dims for o in p.inputs}
     # an input's share: a key tile per token where the input has key channels, else its sum over this program's key
-    # channels (a per-token partial sum per block of them, as the decay's adjoint); a reduction is per token
-    shares = tuple(Operand(f"dpre_{x}", f"[B,T,{heads},dk]" if "dk" in dims.get(x, ()) else f"[B,T,{heads}]", "fp32")
-                   for x in precond_shares(p))
+    # channels (a per-token partial sum per block of them, as the decay's adjoint)
+    shares = tuple(Operand(f"dpre_{x}", f"[B,T,{heads},dk]" if key else f"[B,T,{heads}]", "fp32")
+                   for x, key in precond_shares(p))
     outs = (Operand("ddec", f"[B,T,{heads}]", "fp32"), Operand("dA0", f"[N,{heads},dk]", "fp32")) + shares
     form = "A = e^c A_n + Lambda (stat) per chunk; dinc = reverse decayed cumsum of the statistic's adjoint; " \
         "dpre_x = d(map(A) k)/dx dkw + d(inc)/dx dinc"

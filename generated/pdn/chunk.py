@@ -1216,17 +1216,15 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
+    o_kp = tl.arange(0, NKPP)
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
         a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    o_kp = tl.arange(0, NKPP)
     a_pre_betaP = tl.sum(tl.load(apre_betaP_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
     a_pre_k = tl.load(apre_k_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
-    o_kp = tl.arange(0, NKPP)
     a_pre_mu = tl.sum(tl.load(apre_mu_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
-    o_kp = tl.arange(0, NKPP)
     a_pdec = tl.sum(tl.load(apdec_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
