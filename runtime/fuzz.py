@@ -9,6 +9,7 @@ a failure lets hypothesis shrink the spec to a minimal one, written to a file wi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import traceback
 from dataclasses import dataclass, field
@@ -241,6 +242,7 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
     from hypothesis import seed as hypothesis_seed
 
     from .api import load
+    from .bounds import checked_bounds
     from .compile import compile as compile_spec
     from .verify import format_rows, verify, verify_gradients
 
@@ -263,12 +265,14 @@ def fuzz(count: int = 50, seed: int = 0, out_dir: str | Path = ".", *, device: s
         rec = load(text)
         pkg = compile_spec(rec)
         # one sequence (packed ones where the layout draws varlen), the gradients' check as the forward's, so that
-        # `dgps verify` with the same arguments repeats a failure whole
-        rows = verify(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device, **layout)  # type: ignore[arg-type]
-        if gradients:
-            grad_layout = {k: v for k, v in layout.items() if k != "varlen"}
-            rows += verify_gradients(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device,
-                                     **grad_layout)  # type: ignore[arg-type]
+        # `dgps verify` with the same arguments repeats a failure whole. Under the interpreter every load and store
+        # of every kernel is also checked against the tensor its pointer came from (runtime/bounds.py)
+        with checked_bounds() if device == "cpu" else contextlib.nullcontext():
+            rows = verify(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device, **layout)  # type: ignore[arg-type]
+            if gradients:
+                grad_layout = {k: v for k, v in layout.items() if k != "varlen"}
+                rows += verify_gradients(rec, pkg, B=1, T=T, H=1, seed=input_seed, device=device,
+                                         **grad_layout)  # type: ignore[arg-type]
         bad = [r for r in rows if not r.ok]
         if not last_failure:
             result.count += 1
