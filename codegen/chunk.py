@@ -96,6 +96,7 @@ from ..compiler.plan import (
     tied_keys_of,
 )
 from .address import ROWS, row_offset
+from .buffers import allocation_code, kept_buffers, token_buffers
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .triton_expr import triton_expr
@@ -405,7 +406,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
         if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
             raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
-    kept = [b for k in bplan.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
+    kept = [b for k in bplan.kept for b in kept_buffers(plan, k)]
     launches = backward_launches(plan)
     split = "bwd_solve" in bplan.kinds()
     # the delta family without a per-channel decay has no fused c×c path left in chunk_bwd_grad.jinja
@@ -433,24 +434,6 @@ def backward_reads_l(plan: Plan) -> bool:
     """Whether a stage of the backward plan reads L' back (the plan decides; bwd_solve re-forms it elsewhere)."""
     bp = build_backward_plan(plan)
     return bp is not None and any("interaction.L" in st.attr("reads", ()) for st in bp.stages)
-
-
-def _kept_buffers(ir: IR, kind: str, reads_l: bool) -> list[str]:
-    """The chunk module's buffers that hold the outputs of plan stage `kind` (what the forward keeps); `reads_l`:
-    the backward reads L' back."""
-    vector = ir.decay.kind == "vector"
-    untied = not ir.structure.tied
-    return {
-        "l2norm": [f"pn_{n}" for n in ir.normalize],
-        "chunk_cumsum": ["g_buf"] if ir.decay.kind != "none" else [],
-        "precond_diag": ["kt_buf", "an_buf"],
-        "curvature_query": ["qh_buf", "ql_buf", "corr_buf"] + (["mq_buf"] if ir.read.centered else []),
-        "interaction": ["s_buf", "aew_buf", "aqw_buf"] if untied else
-                       (["l_buf"] if reads_l else []) + (["s_buf"] if vector else []),
-        "triangular_solve": ["t_buf"],
-        "wy": ["w_buf", "u_buf"],
-        "decay_keys": ["kg_buf", "qg_buf"] + (["wg_buf"] if untied else []),
-    }.get(kind, [])
 
 
 def supports_chunk_backward(ir: IR) -> tuple[bool, str]:
@@ -750,7 +733,8 @@ def _context(ir: IR) -> dict:
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)
-    ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan))
+    ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan),
+               token_buffer_code=allocation_code(token_buffers(plan)))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)
     ctx.update(cp_forward_launches={ph: forward_launches(plan, names=getattr(cs, ph))

@@ -518,6 +518,13 @@ def _q_read(b: _Builder) -> str:
     return b.op("q_read") or b.op("in:q") or "q"
 
 
+def _q_read_lo(b: _Builder) -> str | None:
+    """The read query's remainder (CCQ's q̂ is a pair, rule_curvature_query), bound where a stage forms products of
+    q̂ with the per-channel gates in fp32 before rounding them (Q ⊙ e^B, the decayed scores): those read both halves.
+    The scalar- and no-decay output takes q̂'s rounded half alone, a matmul operand in the input dtype either way."""
+    return b.op("qp_lo")
+
+
 def residual_solve(p: Plan | _Builder) -> bool:
     """The residual route of the tied family takes the solve T₁ = (I + L' Diag(β))⁻¹ (β on L''s
     columns, none on the right): by (I + Diag(β)L')⁻¹Diag(β) = Diag(β)(I + L'Diag(β))⁻¹, the state pass's
@@ -561,7 +568,8 @@ def rule_interaction(b: _Builder) -> None:
         attrs.update(diag_blocks=VECTOR_DIAG_FORM, diag_range_log2=DIAG_RANGE_LOG2)
     if b.family == "additive":
         if scores:
-            b.add("interaction", "interaction", {"Q": _q_read(b), "A": b.op("kw"), "b": b.op("b")},
+            b.add("interaction", "interaction", {"Q": _q_read(b), "Q_lo": _q_read_lo(b), "A": b.op("kw"),
+                                                 "b": b.op("b")},
                   [Sq := b.new("Sqa", MATRIX, "in")], matrices=((Sq.name, "Q", "A", "inclusive"),), **attrs)
         return
     if b.family == "tied":
@@ -569,7 +577,7 @@ def rule_interaction(b: _Builder) -> None:
         outs = [L := b.new("L", MATRIX, "fp32")]
         mats: tuple = ((L.name, "E", "A", "strict"),)
         if scores:
-            bind["Q"] = _q_read(b)
+            bind.update(Q=_q_read(b), Q_lo=_q_read_lo(b))
             outs.append(Sq := b.new("Sqa", MATRIX, "in"))
             mats += ((Sq.name, "Q", "A", "inclusive"),)
         b.add("interaction", "interaction", bind, outs, matrices=mats, **attrs)
@@ -632,7 +640,7 @@ def rule_decay_keys(b: _Builder) -> None:
     # Tied and additive: the interaction loads the same A, Q and b tiles of every row for its scores, so it stores
     # Kg and Qg from them (its own launch had read k, q and the fp32 b again: ~0.1 ms of kda's forward on the H200).
     outs = [b.new("Kg", "[B,T,HV,dk]", "in"), b.new("Qg", "[B,T,HV,dk]", "in")]
-    bind = {"A": b.op("kw"), "Q": _q_read(b), "b": b.op("b")}
+    bind = {"A": b.op("kw"), "Q": _q_read(b), "Q_lo": _q_read_lo(b), "b": b.op("b")}
     form = "Kg = A e^(b_c - B), Qg = Q e^B"
     b.add("decay_keys", "decay_keys", bind, outs, form=form, fused="interaction")
 
@@ -1318,7 +1326,7 @@ LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0}
 def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:
     """The last backward phase reading the stored outputs of a forward stage kind (of all its outputs where none is
     stored)."""
-    outs = [o for st in sts for o in st.outputs if _stored(p, st, o, read)] or [o for st in sts for o in st.outputs]
+    outs = [o for st in sts for o in st.outputs if stored(p, st, o, read)] or [o for st in sts for o in st.outputs]
     return max(LAST_READ_PHASE.get(o.name.rstrip("_"), PEAK_PHASE) for o in outs)
 
 
@@ -1342,7 +1350,7 @@ class MemoryDecision:
         return sum(bytes_per_token(o) for o in self.kept)
 
 
-def _stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
+def stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     """Whether a forward stage's output exists in memory at all. Not where it is evaluated on its consumers' loads or
     accumulated inside its consumer's scan (the statistic's decay cumsum); not the exclusive cumsum b_(t-1) (the
     kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
@@ -1379,7 +1387,7 @@ def _on_loads(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str
 def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
     kind = sts[0].kind
     cost = RECOMPUTE_COST[kind]
-    if not any(_stored(p, st, o, read) for st in sts for o in st.outputs):
+    if not any(stored(p, st, o, read) for st in sts for o in st.outputs):
         again = (f": bwd_solve re-forms {sts[0].outputs[0].name} from the keys (one masked product per chunk)"
                  if kind == "interaction" else "")
         return f"{cost}, not rerun; nothing of it is stored{again}"
@@ -1422,7 +1430,7 @@ def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision,
             rerun.add(kind)
         else:
             why = _kept(plan, sts, rerun, read)
-            kept = tuple(o for st in sts for o in st.outputs if _stored(plan, st, o, read))
+            kept = tuple(o for st in sts for o in st.outputs if stored(plan, st, o, read))
         out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, kind in rerun, why, last_read_phase(plan, sts, read)))
     return tuple(out)
 
@@ -1547,7 +1555,7 @@ def _tc_curvature(st: Stage, t: dict[str, Operand]) -> None:
 
 def _tc_interaction(st: Stage, t: dict[str, Operand]) -> None:
     for r, i in st.bind.items():
-        if r in ("E", "A", "F", "Wk", "Q"):
+        if r in ("E", "A", "F", "Wk", "Q", "Q_lo"):
             _token(t[i], "dk", st.name)
         elif t[i].dims[:2] != ("B", "T") or t[i].dtype != "fp32":
             raise PlanTypeError(f"{st.name}: the decay {t[i]} must be an fp32 chunk cumsum")
@@ -1575,7 +1583,7 @@ def _tc_wy(st: Stage, t: dict[str, Operand]) -> None:
 
 
 def _tc_decay_keys(st: Stage, t: dict[str, Operand]) -> None:
-    for r in ("F", "A", "Q", "b"):
+    for r in ("F", "A", "Q", "Q_lo", "b"):
         if r in st.bind:
             _token(t[st.bind[r]], "dk", st.name)
     for o in st.outputs:

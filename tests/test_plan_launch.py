@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.chunk import _kept_buffers, backward_reads_l, supports_chunk, supports_chunk_backward  # noqa: E402
+from dgps.codegen.buffers import BUFFER_OF, ELSEWHERE, UNTIED_BUFFER_OF, kept_buffers  # noqa: E402
+from dgps.codegen.chunk import supports_chunk, supports_chunk_backward  # noqa: E402
 from dgps.compiler.plan import build_backward_plan, build_plan, launch_of  # noqa: E402
 from dgps.runtime.compile import load_chunk  # noqa: E402
 
@@ -96,7 +97,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert all(bp.kinds().index(m.reformed_by) > 0 for m in bp.memory if m.reformed_by)
     assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
     out, kept = mod.chunk_forward_train(x)
-    assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in _kept_buffers(ir, k, backward_reads_l(plan))]
+    assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in kept_buffers(plan, k)]
     assert len(kept) == len(mod._KEPT_BUFFERS)
     do = torch.randn_like(out.o)
     # the rerun of the state pass (without the output) stores H_n and U for the backward stages (a stage evaluated on
@@ -116,7 +117,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
 
 
-# the host buffers of forward stages the backward reruns (the kept ones: codegen.chunk._kept_buffers)
+# the host buffers of forward stages the backward reruns (the kept ones: codegen.buffers.kept_buffers)
 _RERUN_BUFFERS = {"decay_keys": ("kg_buf", "qg_buf", "wg_buf"), "state_pass": ("h_buf", "vn_buf")}
 
 
@@ -169,7 +170,7 @@ def test_memory_model_matches_the_kernels(name: str) -> None:
     phase = {kernel: PHASE_OF[kind] for kind, kernel in BWD_KERNEL.items()}
     order = [k[1].__name__ for k in mod._bwd_kernels()]
     for m in bp.memory:
-        bufs = _kept_buffers(ir, m.kind, backward_reads_l(plan)) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())
+        bufs = kept_buffers(plan, m.kind) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())
         readers = [phase[k] for k in order for b in bufs if b in mod._KERNEL_ARGS[k]]
         if readers:
             assert (max(readers) >= PEAK_PHASE) == (m.last_read >= PEAK_PHASE), (m.kind, bufs, readers)
@@ -231,47 +232,31 @@ def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None
             assert not once, f"{name}: written by the inference forward, read by no other of its kernels: {once}"
 
 
-# A forward stage's stored operand -> the chunk module's per-token buffer that holds it (codegen/templates/chunk_host.jinja:
-# _token_buffers). Not per-token buffers: the state pass's U and H_n (its launch decides), the curvature sums and the
-# exact preconditioner's Gram carries (allocated around their readers), the results (o, route).
-_BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
-              ("precond_diag", "kw"): "kt_buf", ("precond_diag", "An"): "an_buf",
-              ("precond_exact", "kw"): "kt_buf", ("precond_exact", "qp"): "qh_buf",
-              ("curvature_query", "qp"): "qh_buf", ("curvature_query", "qp_lo"): "ql_buf",
-              ("curvature_query", "corr"): "corr_buf", ("curvature_query", "mq"): "mq_buf",
-              ("interaction", "Sqa"): "s_buf", ("interaction", "Aqf"): "s_buf", ("interaction", "Aew"): "aew_buf",
-              ("interaction", "Aqw"): "aqw_buf", ("interaction", "L"): "l_buf", ("triangular_solve", "Tm"): "t_buf",
-              ("wy", "W"): "w_buf", ("wy", "Ut"): "u_buf", ("decay_keys", "Kg"): "kg_buf", ("decay_keys", "Qg"): "qg_buf"}
-_UNTIED_BUFFER_OF = {("decay_keys", "Fg"): "kg_buf", ("decay_keys", "Kg"): "wg_buf"}  # the erase stream's key first
-_ELSEWHERE = {("state_pass", "U"), ("state_pass", "Hn"), ("state_pass", "r"), ("curvature_state", "Cn"),
-              ("curvature_state", "m_n"), ("precond_gram", "Gn"), ("output", "o"), ("output", "r")}
-
-
 @pytest.mark.parametrize("name", CHUNK + TEST_SPECS)
 def test_token_buffers_are_the_plans_stored_operands(name: str) -> None:
-    """The host's per-token buffers are exactly the forward plan's stored operands (compiler/plan.py: _stored, with
+    """The host's per-token buffers are exactly the forward plan's stored operands (compiler/plan.py: stored, with
     the backward's reads), each sized by its operand's shape and of its dtype ("in": the input dtype)."""
     from dgps.compiler.ir import kernel_ir
-    from dgps.compiler.plan import _stored
+    from dgps.compiler.plan import stored
 
     path = SPEC_DIR / f"{name}.dgps"
     ir = kernel_ir(dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps").ir)
     plan = build_plan(ir, 64, 16)
     bp = build_backward_plan(plan)
     read = {r for st in (bp.stages if bp is not None else ()) for r in st.attr("reads", ())}
-    buffer_of = {**_BUFFER_OF, **(_UNTIED_BUFFER_OF if plan.family == "untied" else {})}
+    buffer_of = {**BUFFER_OF, **(UNTIED_BUFFER_OF if plan.family == "untied" else {})}
     TT, N, H, HV, DK, DV = 7 * 64 + 5, 3, 2, 4, 48, 40
     HP = H if any(o.dims[2] == "H" for st in plan.find("precond_diag") for o in st.outputs) else HV
     size = {"B": 1, "T": TT, "H": H, "HV": HV, "dk": DK, "dv": DV, "C": 64}
     want = {}
     for st in plan.stages():
         if st.kind == "chunk_cumsum":  # the gate cumsum (its first output: b, or b_ where the spec names an input b)
-            if _stored(plan, st, st.outputs[0], read):
+            if stored(plan, st, st.outputs[0], read):
                 o = st.outputs[0]
                 want["g_buf"] = (TT * HV * (DK if o.dims[-1] == "dk" else 1), torch.float32)
             continue
         for o in st.outputs:
-            if not _stored(plan, st, o, read) or (st.kind, o.name) in _ELSEWHERE:
+            if not stored(plan, st, o, read) or (st.kind, o.name) in ELSEWHERE:
                 continue
             buf = buffer_of[(st.kind, o.name)]
             dims = list(o.dims)

@@ -1676,23 +1676,23 @@ _LAUNCH_LISTS = {}
 
 
 def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
-    """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
-    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
+    """name -> (numel, dtype) of the per-token buffers the forward stages write: the plan's stored operands
+    (codegen/buffers.py), each sized by its shape and of its dtype; `keep`: also those only the backward reads back.
+    Sized by the token count TT and the sequence count N alone (a per-chunk buffer takes the bound TT / BT + N on the
+    chunk count), so that kept_like sees them too. (HP: the statistic's heads, which the plan's shapes name.)"""
     f32 = torch.float32
     b = {}
-    b["pn_q"] = (TT * H * DK, dt)
-    b["pn_k"] = (TT * H * DK, dt)
-    b["g_buf"] = (TT * HV * DK, f32)
-    b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
-    b["qh_buf"] = (TT * HV * DK, dt)  # q̂ = qh + ql, both in the input dtype (compiler/plan.py: rule_curvature_query)
-    b["ql_buf"] = (TT * HV * DK, dt)
-    if keep:  # corr per key head, for the backward's dλ (compiler/plan.py: rule_curvature_query)
-        b["corr_buf"] = (TT * H * DK, f32)
-    if keep:  # the backward's reverse curvature pass reads mᵀq per token (it carries no m)
-        b["mq_buf"] = (TT * H, f32)
-    b["kg_buf"] = (TT * HV * DK, dt)
-    b["qg_buf"] = (TT * HV * DK, dt)
+    b["pn_q"] = (TT * H * DK, dt)  # l2norm.qn
+    b["pn_k"] = (TT * H * DK, dt)  # l2norm.kn
+    b["g_buf"] = (TT * HV * DK, f32)  # cumsum_g.b
+    b["qh_buf"] = (TT * HV * DK, dt)  # curvature_query.qp
+    b["ql_buf"] = (TT * HV * DK, dt)  # curvature_query.qp_lo
+    if keep:  # read back by the backward only
+        b["corr_buf"] = (TT * H * DK, f32)  # curvature_query.corr
+        b["mq_buf"] = (TT * H, f32)  # curvature_query.mq
+    b["s_buf"] = (TT * HV * BT, dt)  # interaction.Sqa
+    b["kg_buf"] = (TT * HV * DK, dt)  # decay_keys.Kg
+    b["qg_buf"] = (TT * HV * DK, dt)  # decay_keys.Qg
     return b
 
 

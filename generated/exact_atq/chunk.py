@@ -949,12 +949,13 @@ _LAUNCH_LISTS = {}
 
 
 def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
-    """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
-    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
+    """name -> (numel, dtype) of the per-token buffers the forward stages write: the plan's stored operands
+    (codegen/buffers.py), each sized by its shape and of its dtype; `keep`: also those only the backward reads back.
+    Sized by the token count TT and the sequence count N alone (a per-chunk buffer takes the bound TT / BT + N on the
+    chunk count), so that kept_like sees them too. (HP: the statistic's heads, which the plan's shapes name.)"""
     f32 = torch.float32
     b = {}
-    b["qh_buf"] = (TT * HV * DK, f32)
+    b["qh_buf"] = (TT * HV * DK, f32)  # precond_exact.qp
     return b
 
 

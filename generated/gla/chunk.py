@@ -1128,15 +1128,16 @@ _LAUNCH_LISTS = {}
 
 
 def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
-    """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
-    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
+    """name -> (numel, dtype) of the per-token buffers the forward stages write: the plan's stored operands
+    (codegen/buffers.py), each sized by its shape and of its dtype; `keep`: also those only the backward reads back.
+    Sized by the token count TT and the sequence count N alone (a per-chunk buffer takes the bound TT / BT + N on the
+    chunk count), so that kept_like sees them too. (HP: the statistic's heads, which the plan's shapes name.)"""
     f32 = torch.float32
     b = {}
-    b["g_buf"] = (TT * HV * DK, f32)
-    b["s_buf"] = (TT * HV * BT, dt)  # read only as a matmul operand, which is rounded to the input dtype anyway
-    b["kg_buf"] = (TT * HV * DK, dt)
-    b["qg_buf"] = (TT * HV * DK, dt)
+    b["g_buf"] = (TT * HV * DK, f32)  # cumsum_g.b
+    b["s_buf"] = (TT * HV * BT, dt)  # interaction.Sqa
+    b["kg_buf"] = (TT * HV * DK, dt)  # decay_keys.Kg
+    b["qg_buf"] = (TT * HV * DK, dt)  # decay_keys.Qg
     return b
 
 

@@ -1457,19 +1457,20 @@ _LAUNCH_LISTS = {}
 
 
 def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
-    """name -> (numel, dtype) of the per-token buffers the forward stages write; `keep`: also those only the
-    backward reads (L', the statistic's chunk-start carries). Sized by the token count TT and the sequence count N
-    alone (a per-chunk buffer takes the bound TT / BT + N on the chunk count), so that kept_like sees them too."""
+    """name -> (numel, dtype) of the per-token buffers the forward stages write: the plan's stored operands
+    (codegen/buffers.py), each sized by its shape and of its dtype; `keep`: also those only the backward reads back.
+    Sized by the token count TT and the sequence count N alone (a per-chunk buffer takes the bound TT / BT + N on the
+    chunk count), so that kept_like sees them too. (HP: the statistic's heads, which the plan's shapes name.)"""
     f32 = torch.float32
     b = {}
-    b["pn_q"] = (TT * H * DK, dt)
-    b["pn_k"] = (TT * H * DK, dt)
-    b["kt_buf"] = (TT * HP * DK, f32)
-    if keep:
-        b["an_buf"] = ((triton.cdiv(TT, BT) + N) * HP * DK, f32)  # A_n of every chunk (precond_diag)
-    b["t_buf"] = (TT * HV * BT, dt)
-    b["w_buf"] = (TT * HV * DK, dt)
-    b["u_buf"] = (TT * HV * DV, dt)
+    b["pn_q"] = (TT * H * DK, dt)  # l2norm.qn
+    b["pn_k"] = (TT * H * DK, dt)  # l2norm.kn
+    b["kt_buf"] = (TT * H * DK, f32)  # precond_diag.kw
+    if keep:  # read back by the backward only
+        b["an_buf"] = ((triton.cdiv(TT, BT) + N) * H * DK, f32)  # precond_diag.An
+    b["t_buf"] = (TT * HV * BT, dt)  # triangular_solve.Tm
+    b["w_buf"] = (TT * HV * DK, dt)  # wy.W
+    b["u_buf"] = (TT * HV * DV, dt)  # wy.Ut
     return b
 
 
