@@ -794,22 +794,23 @@ def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
             f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
 
 
-# where bwd_precond_diag stores its block's partial sum of a per-token adjoint in a [T, HP, NKP] buffer: the step's
-# first token t0 (int64) apart from the int32 offsets within the step (as `row_offset`'s split form), which kept the
-# kernel at 118 registers where the int64 form `(rows * HP + i_p) * NKP + i_kb` took 147 (compile report, pgdn, sm_90)
-PRECOND_PARTIAL = "t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb)"
+# where bwd_precond_diag stores its block's partial sum of a per-token adjoint in a [HP, NKP, T] buffer (per head
+# and block of key channels, a row of tokens): each program's step stores one contiguous run of BTS floats, and
+# bwd_inputs reads a chunk's partials as NKP contiguous runs of BT. (Token-major, [T, HP, NKP], the reader's rows were
+# contiguous but each program's stores were 1 KB apart: bwd_precond_diag 0.397 → 0.503 ms, H100 run 97; block-major
+# [NKP, T, HP] before that, each read a strided float: bwd_inputs 0.543 against 0.293.) The scalar part (int64: the
+# head's row and the step's first token) apart from the int32 offsets within the step, as row_offset's split form.
+PRECOND_PARTIAL = "((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t"
 
 
-def _precond_partials(var: str, buf: str, heads: str, head: str, only_if: str) -> str:
+def _precond_partials(var: str, buf: str, head: str, only_if: str) -> str:
     """Load a per-token adjoint that bwd_precond_diag leaves as NKP partial sums, one per block of key channels, in
-    a token-major [T, heads, NKP] buffer: each token's partials as one contiguous row of a [BT, NKPP] tile, summed.
-    (As NKP loads of a [T, heads] slice each, a token's float was a 32-byte sector of its own per partial: pgdn's
-    bwd_inputs, with three such adjoints, took 2.7× gdn's on an H100, run 92.)"""
-    mask = "m_r[:, None] & (o_kp < NKP)[None, :]"
-    if only_if:
-        mask = f"tl.where({only_if}, {mask}, False)"
-    return (f"{var} = tl.sum(tl.load({buf} + {row_offset(ROWS, heads, head, 'NKP', 'o_kp')}, "
-            f"mask={mask}, other=0.), 1)")
+    a [heads, NKP, T] buffer (PRECOND_PARTIAL): a chunk's partials as NKP contiguous runs of BT tokens, added in a
+    fixed order. (One [BT, NKPP] tile summed over its columns instead held bwd_inputs at 171 registers against 128:
+    its tokens, the tile's contiguous axis, lay across threads and the sum went through shared memory.)"""
+    mask = f"tl.where({only_if}, m_r, False)" if only_if else "m_r"
+    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    p_{var} = {buf} + (({head} * NKP).to(tl.int64) * TT + t0)\n"
+            f"    for i_kb in range(0, NKP):\n        {var} += tl.load(p_{var} + i_kb * TT + o_t, mask={mask}, other=0.)")
 
 
 def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
@@ -851,11 +852,10 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
                 parts.append(_Part(f"pre_{name}", _symbol(name), "key",
                                    f"a_pre_{name} = " + _tok(buf, "key", nh, hp, first)))
             else:
-                parts.append(_Part(f"pre_{name}", _symbol(name), None, _precond_partials(f"a_pre_{name}", buf, nh, hp,
-                                                                                          first)))
+                parts.append(_Part(f"pre_{name}", _symbol(name), None, _precond_partials(f"a_pre_{name}", buf, hp, first)))
         if diag.decay is not None:
             # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
-            parts.append(_Part("pdec", diag.decay, None, _precond_partials("a_pdec", "apdec_buf", nh, hp, first)))
+            parts.append(_Part("pdec", diag.decay, None, _precond_partials("a_pdec", "apdec_buf", hp, first)))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":
@@ -1045,8 +1045,6 @@ def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, skip: tuple[s
         parts = [p for p in every if any(_diff(p.expr, d.name) != 0 for d in rest)]
         parts = [p for p in every if p in parts or any(re.search(rf"\ba_{p.name}\b", q.load) for q in parts)]
         lines = [p.load for p in parts]
-        if any("o_kp" in p.load for p in parts):  # the columns of _precond_partials' rows
-            lines.insert(0, "o_kp = tl.arange(0, NKPP)")
         for d in rest:
             role = {"key": "key", "value": "value", None: "token"}[d.vector]
             shape = ("param" if role == "token" else f"param_{role}") if d.is_param else role

@@ -154,9 +154,9 @@ def test_gradients_bf16(name: str) -> None:
 
 def test_pdn_partial_sums_in_a_block_count_not_a_power_of_two() -> None:
     """bwd_precond_diag leaves the per-token adjoints of the statistic (its decay's, its gain's and the map's μ share)
-    as one partial sum per block of 8 key channels, token-major ([T, heads, NKP]); bwd_inputs reads a token's partials
-    as one masked row of NKPP = next power of two columns. At dk = 72 that is 9 blocks in a row of 16, the last block
-    padded: every gradient meets the reference (grouped value heads, packed sequences)."""
+    as one partial sum per block of 8 key channels, in [heads, NKP, T] rows; bwd_inputs adds a chunk's NKP runs. At
+    dk = 72 that is 9 blocks, the last one padded: every gradient meets the reference (grouped value heads, packed
+    sequences cut inside chunks)."""
     check_gradients("pgdn", T=150, H=1, HV=2, dk=72, dv=16, varlen=True, cuts=(45, 100))
 
 

@@ -1879,7 +1879,7 @@ class _Run:
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
-                      NKP=self.nkp, NKPP=triton.next_power_of_2(self.nkp), NKG=self.nkg,
+                      NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:

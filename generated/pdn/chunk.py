@@ -1034,8 +1034,8 @@ def chunk_bwd_grad_kernel(
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
-#   channels is written per block (NKP partial sums, added up where the chain rule reads it; token-major, [T, HP, NKP],
-#   so that bwd_inputs reads a token's partials as one contiguous row, not NKP loads of one float each).
+#   channels is written per block (NKP partial sums, added up where the chain rule reads it; [HP, NKP, T]: each step
+#   stores one contiguous run of tokens, and bwd_inputs reads a chunk's partials as NKP contiguous runs).
 #   increment adjoint = Ā, decay adjoint = Σ_d Ā ⊙ (𝒜 − increment); the carry is dk floats.
 #   𝒜 itself is re-formed per step of BTS tokens (whole chunks, as the forward steps) from the forward's carry A_n at
 #   the step's first chunk, as the forward formed it. The chain rule of k̃ = map(𝒜) ⊙ k and of the increment runs here,
@@ -1044,7 +1044,7 @@ def chunk_bwd_grad_kernel(
 @triton.jit
 def chunk_bwd_precond_diag_kernel(
     p_gP, p_betaP, p_mu, an_buf, da_fin, da0, aa_buf, apdec_buf, pn_k, apre_betaP_buf, apre_k_buf, apre_mu_buf,
-    cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr,
+    cu_seqlens, chunk_offsets, TT, H: tl.constexpr, HV: tl.constexpr, HP: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
     NKP: tl.constexpr,
 ):
@@ -1111,19 +1111,19 @@ def chunk_bwd_precond_diag_kernel(
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
-            tl.store(apdec_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdec_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
-            tl.store(apre_betaP_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), b_pre_betaP, mask=m_r)
+            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
             _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             _d_k_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
             b_pre_k += d_k_inc * b_ab
             tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
-            tl.store(apre_mu_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), b_pre_mu, mask=m_r)
+            tl.store(apre_mu_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_mu, mask=m_r)
             i_ts -= 1
     else:
         # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
@@ -1174,19 +1174,19 @@ def chunk_bwd_precond_diag_kernel(
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
-            tl.store(apdec_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdec_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
-            tl.store(apre_betaP_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), b_pre_betaP, mask=m_r)
+            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
             _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             _d_k_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
             b_pre_k += d_k_inc * b_ab
             tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
-            tl.store(apre_mu_buf + t0 * (HP * NKP) + ((o_t * HP + i_p) * NKP + i_kb), b_pre_mu, mask=m_r)
+            tl.store(apre_mu_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_mu, mask=m_r)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
@@ -1197,7 +1197,7 @@ def chunk_bwd_inputs_kernel(
     p_q, p_k, aq_buf, ae_buf, abeta_buf, apdec_buf, dx_q, dx_k, dx_beta, dx_gP, dx_betaP, dx_mu, apre_betaP_buf,
     apre_k_buf, apre_mu_buf, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    NKP: tl.constexpr, NKPP: tl.constexpr, NKG: tl.constexpr,
+    NKP: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1216,16 +1216,24 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    o_kp = tl.arange(0, NKPP)
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     for i_kg in range(0, NKG):
         a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    a_pre_betaP = tl.sum(tl.load(apre_betaP_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
+    a_pre_betaP = tl.zeros([BT], dtype=tl.float32)
+    p_a_pre_betaP = apre_betaP_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    for i_kb in range(0, NKP):
+        a_pre_betaP += tl.load(p_a_pre_betaP + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pre_k = tl.load(apre_k_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
-    a_pre_mu = tl.sum(tl.load(apre_mu_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
-    a_pdec = tl.sum(tl.load(apdec_buf + t0 * (H * NKP) + (((o_t)[:, None] * H + i_h) * NKP + o_kp[None, :]), mask=tl.where(i_hv % G == 0, m_r[:, None] & (o_kp < NKP)[None, :], False), other=0.), 1)
+    a_pre_mu = tl.zeros([BT], dtype=tl.float32)
+    p_a_pre_mu = apre_mu_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    for i_kb in range(0, NKP):
+        a_pre_mu += tl.load(p_a_pre_mu + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+    a_pdec = tl.zeros([BT], dtype=tl.float32)
+    p_a_pdec = apdec_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    for i_kb in range(0, NKP):
+        a_pdec += tl.load(p_a_pdec + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1293,8 +1301,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'pn_k', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'NKP'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'abeta_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKPP', 'NKG'),
+    'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'pn_k', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'NKP'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'abeta_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1420,7 +1428,7 @@ class _Run:
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BTS=BTS, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
-                      NKP=self.nkp, NKPP=triton.next_power_of_2(self.nkp), NKG=self.nkg,
+                      NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
@@ -1916,7 +1924,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["da0"] = (N * HP * DK, fp32)
     for n, key in _PRECOND_SHARES.items():  # each input's share of k̃'s and the increment's chain rule
         make[f"apre_{n}_buf"] = (TT * HP * DK, fp32) if key else (TT * HP * run.nkp, fp32)
-    make["apdec_buf"] = (TT * HP * run.nkp, fp32)  # one partial sum per block of key channels, token-major
+    make["apdec_buf"] = (TT * HP * run.nkp, fp32)  # one partial sum per block of key channels, [HP, NKP, T]
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
