@@ -28,3 +28,14 @@ def row_offset(rows: str, heads: str, head: str, dim: str | None = None, cols: s
         return (f"{m['base']} * ({heads} * {dim}) + ((({m['local']})[:, None] * {heads} + {head}) * {dim} "
                 f"+ {cols}[None, :])")
     return f"({rows}[:, None] * {heads} + {head}) * {dim} + {cols}[None, :]"
+
+
+def partial_row(head: str, block: str, count: str) -> str:
+    """Where one block of key channels leaves its partial sums of a per-token adjoint (the sum over the key channels
+    that a stage holds in `count` blocks: bwd_grads' dβ and db, NKG; bwd_curvature_query's dλ, NKC; bwd_precond_diag's
+    per-token shares, NKP): a [heads, count, T] buffer, each block's tokens one contiguous run. This is the scalar
+    part (int64: the head's and block's row, the chunk's or step's first token t0); the writer adds o_t, its tokens'
+    int32 offsets, and stores one contiguous run; the reader adds the block's runs in a fixed order (no atomics).
+    (Token-major partials, [T, heads, count], gave the reader contiguous rows but spread each writer's stores 1 KB
+    apart: pgdn's bwd_precond_diag 0.397 → 0.503 ms, H100 run 97; this layout 0.378, run 98.)"""
+    return f"(({head} * {count} + {block}).to(tl.int64) * TT + t0)"

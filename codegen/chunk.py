@@ -95,7 +95,7 @@ from ..compiler.plan import (
     stored_adjoints,
     tied_keys_of,
 )
-from .address import ROWS, row_offset
+from .address import ROWS, partial_row, row_offset
 from .buffers import allocation_code, kept_buffers, token_buffers
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
@@ -691,6 +691,7 @@ def _context(ir: IR) -> dict:
         kt_heads=em.kt_heads,
         em=em,
         off=row_offset,
+        partial_row=partial_row,
         ir=ir,
         beta=rl.beta,
         target=rl.target,
@@ -787,30 +788,17 @@ def _tok(buf: str, side: str | None, heads: str = "HV", head: str = "i_hv", only
     return f"tl.load({buf} + {row_offset(ROWS, heads, head, dim, o)}, mask={mask(m)}, other=0.)"
 
 
-def _key_partials(var: str, buf: str, count: str = "NKG") -> str:
-    """Load a per-token adjoint that a stage leaves as `count` partial sums, one per block of key channels (bwd_grads:
-    NKG; bwd_curvature_query: NKC), added in a fixed order."""
-    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    for i_kg in range(0, {count}):\n"
-            f"        {var} += " + _tok(f"{buf} + i_kg * TT * HV", None))
+# bwd_precond_diag's store of its block's partials, per statistic head (i_p) and block (i_kb)
+PRECOND_PARTIAL = partial_row("i_p", "i_kb", "NKP") + " + o_t"
 
 
-# where bwd_precond_diag stores its block's partial sum of a per-token adjoint in a [HP, NKP, T] buffer (per head
-# and block of key channels, a row of tokens): each program's step stores one contiguous run of BTS floats, and
-# bwd_inputs reads a chunk's partials as NKP contiguous runs of BT. (Token-major, [T, HP, NKP], the reader's rows were
-# contiguous but each program's stores were 1 KB apart: bwd_precond_diag 0.397 → 0.503 ms, H100 run 97; block-major
-# [NKP, T, HP] before that, each read a strided float: bwd_inputs 0.543 against 0.293.) The scalar part (int64: the
-# head's row and the step's first token) apart from the int32 offsets within the step, as row_offset's split form.
-PRECOND_PARTIAL = "((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t"
-
-
-def _precond_partials(var: str, buf: str, head: str, only_if: str) -> str:
-    """Load a per-token adjoint that bwd_precond_diag leaves as NKP partial sums, one per block of key channels, in
-    a [heads, NKP, T] buffer (PRECOND_PARTIAL): a chunk's partials as NKP contiguous runs of BT tokens, added in a
-    fixed order. (One [BT, NKPP] tile summed over its columns instead held bwd_inputs at 171 registers against 128:
-    its tokens, the tile's contiguous axis, lay across threads and the sum went through shared memory.)"""
+def _block_partials(var: str, buf: str, count: str, head: str = "i_hv", only_if: str = "") -> str:
+    """Load a per-token adjoint left as `count` partial sums (partial_row), added block by block in a fixed order;
+    `only_if` as `_tok`'s."""
     mask = f"tl.where({only_if}, m_r, False)" if only_if else "m_r"
-    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    p_{var} = {buf} + (({head} * NKP).to(tl.int64) * TT + t0)\n"
-            f"    for i_kb in range(0, NKP):\n        {var} += tl.load(p_{var} + i_kb * TT + o_t, mask={mask}, other=0.)")
+    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    p_{var} = {buf} + (({head} * {count}).to(tl.int64) * TT + t0)\n"
+            f"    for i_blk in range(0, {count}):\n        {var} += tl.load(p_{var} + i_blk * TT + o_t, mask={mask}, "
+            "other=0.)")
 
 
 def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
@@ -826,9 +814,9 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
         if ir.decay.kind == "vector":
             parts.append(_Part("lg", rl.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
         else:
-            parts.append(_Part("lg", rl.log_gate, None, _key_partials("a_lg", "ag_buf")))
+            parts.append(_Part("lg", rl.log_gate, None, _block_partials("a_lg", "ag_buf", "NKG")))
     if ir.structure.tied and (delta or rl.beta != 1):
-        parts.append(_Part("beta", rl.beta, None, _key_partials("a_beta", "abeta_buf")))
+        parts.append(_Part("beta", rl.beta, None, _block_partials("a_beta", "abeta_buf", "NKG")))
     # the value stream's adjoint: of Z (tied, additive: β has its own part) or of V' = β Z (untied DPLR, whose
     # kernels read V' whole: compiler/plan.py, role_exprs' vp)
     value = rl.target if ir.structure.tied else rl.write_value
@@ -852,10 +840,10 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
                 parts.append(_Part(f"pre_{name}", _symbol(name), "key",
                                    f"a_pre_{name} = " + _tok(buf, "key", nh, hp, first)))
             else:
-                parts.append(_Part(f"pre_{name}", _symbol(name), None, _precond_partials(f"a_pre_{name}", buf, hp, first)))
+                parts.append(_Part(f"pre_{name}", _symbol(name), None, _block_partials(f"a_pre_{name}", buf, "NKP", hp, first)))
         if diag.decay is not None:
             # the decay adjoint arrives as NKP partial sums, one per block of key channels of bwd_precond_diag
-            parts.append(_Part("pdec", diag.decay, None, _precond_partials("a_pdec", "apdec_buf", hp, first)))
+            parts.append(_Part("pdec", diag.decay, None, _block_partials("a_pdec", "apdec_buf", "NKP", hp, first)))
     if exact:  # k through the Gram matrix (bwd_precond_exact, bwd_precond_gram), per key head
         parts.append(_Part("kx", k, "key", "a_kx = " + _tok("akx_buf", "key", "H", "i_h", first)))
     if ir.read.kind == "curvature":
@@ -865,7 +853,7 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
         group = "i_hv % G == 0"  # (not `first`: the PDN statistic's heads may have reset it)
         parts.append(_Part("qc", q, "key", "a_qc = " + _tok("aqc_buf", "key", "H", "i_h", group)))
         parts.append(_Part("kc", k, "key", "a_kc = " + _tok("akc_buf", "key", "H", "i_h", group)))
-        parts.append(_Part("lam", ir.read.lam, None, _key_partials("a_lam", "alam_buf", "NKC")))
+        parts.append(_Part("lam", ir.read.lam, None, _block_partials("a_lam", "alam_buf", "NKC")))
     return parts
 
 

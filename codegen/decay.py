@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .address import row_offset
+from .address import partial_row, row_offset
 
 OMIT = "#<omit>"  # a line that a hook leaves out: render_chunk drops every line holding only this
 
@@ -193,7 +193,7 @@ class ScalarDecay(Decay):
         return _lines(["b_db = tl.where(rows == last, b_db + b_end, b_db)",
                        "b_db = tl.where(m_r, b_db, 0.)",
                        "b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db",
-                       f"tl.store(ag_buf + i_k * TT * HV + {row_offset(rows, 'HV', 'i_hv')}, b_dg, mask=m_r)"], indent)
+                       f"tl.store(ag_buf + {partial_row('i_hv', 'i_k', 'NKG')} + o_t, b_dg, mask=m_r)"], indent)
 
 
 @dataclass(frozen=True)

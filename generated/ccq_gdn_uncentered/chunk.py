@@ -1283,7 +1283,7 @@ def chunk_bwd_grad_kernel(
     p_beta, g_buf, qh_buf, ql_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf,
     dy_buf, dsg_buf, dlg_buf, dgs_buf, dgl_buf, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1371,11 +1371,11 @@ def chunk_bwd_grad_kernel(
     # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
     b_da += b_de
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
+    tl.store(ag_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dg, mask=m_r)
 # ---- backward stage bwd_curvature_query (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns of C),
 #   with C_n as bwd_curvature_sums re-formed them, C_n as up to 2 [BK, BV] tiles of BK key rows. With
 #   G_hv = dq̂_hv and S = Σ_hv (λ_hv/τ) G_hv (per key head):
@@ -1388,7 +1388,7 @@ def chunk_bwd_grad_kernel(
 def chunk_bwd_curvature_query_kernel(
     p_lam, n0, aqc_buf, sh_buf, sl_buf, corr_buf, cn_buf, aq_buf, alam_buf, pn_k, cu_seqlens, chunk_indices, TT,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, NKC: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
     i_cb = tl.program_id(0)
@@ -1426,7 +1426,7 @@ def chunk_bwd_curvature_query_kernel(
         b_lam = _b_lam_lam
         b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
         b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
-        tl.store(alam_buf + i_cb * TT * HV + rows * HV + i_hv, -tl.sum(b_gc * b_corr, 1), mask=m_r)
+        tl.store(alam_buf + ((i_hv * NKC + i_cb).to(tl.int64) * TT + t0) + o_t, -tl.sum(b_gc * b_corr, 1), mask=m_r)
     # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
     b_sh = _hi(b_Sc, DT_ID)
     tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
@@ -1632,17 +1632,20 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_lg += tl.load(ag_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_lg = ag_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_lg += tl.load(p_a_lg + i_blk * TT + o_t, mask=m_r, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_qc = tl.load(aqc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_kc = tl.load(akc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_lam = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKC):
-        a_lam += tl.load(alam_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_lam = alam_buf + ((i_hv * NKC).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKC):
+        a_lam += tl.load(p_a_lam + i_blk * TT + o_t, mask=m_r, other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1709,8 +1712,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('g_buf', 'qh_buf', 'do_buf', 'dul_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
     'chunk_bwd_curvature_carry_kernel': ('sh_buf', 'sl_buf', 'dn_buf', 'dc_fin', 'dc0', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dn_buf', 'dm_fin', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG', 'NKC'),
@@ -2399,13 +2402,13 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
-    make["ag_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
+    make["ag_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     # the curvature read's backward: the sums are per key head, so are the shares of q and k it adds (bwd_inputs adds
     # them to the group's first value head); dλ arrives as one partial sum per column block of bwd_curvature_query
     make["aqc_buf"] = (TT * H * DK, fp32)
     make["akc_buf"] = (TT * H * DK, fp32)
-    make["alam_buf"] = (run.nkc * TT * HV, fp32)
+    make["alam_buf"] = (run.nkc * TT * HV, fp32)  # [HV, NKC, T] (codegen/address.py: partial_row)
     # from the forward-direction pass to the reverse one: S = Σ_hv (λ_hv/τ) dq̂_hv as two input-dtype halves, hi + lo
     make["sh_buf"] = (TT * H * DK, dt)
     make["sl_buf"] = (TT * H * DK, dt)

@@ -1158,7 +1158,7 @@ def chunk_bwd_grad_kernel(
 def chunk_bwd_curvature_query_kernel(
     p_lam, n0, aqc_buf, mn_buf, ms_buf, sh_buf, sl_buf, corr_buf, cn_buf, aq_buf, alam_buf, pn_k, cu_seqlens,
     chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKC: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the curvature pass holds at most 2 key blocks: BK too small for dk")
     i_cb = tl.program_id(0)
@@ -1197,7 +1197,7 @@ def chunk_bwd_curvature_query_kernel(
         b_lam = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_lam_lam, 0.)
         b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
         b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
-        tl.store(alam_buf + i_cb * TT * HV + rows * HV + i_hv, -tl.sum(b_gc * b_corr, 1), mask=m_r)
+        tl.store(alam_buf + ((i_hv * NKC + i_cb).to(tl.int64) * TT + t0) + o_t, -tl.sum(b_gc * b_corr, 1), mask=m_r)
     # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
     b_sh = _hi(b_Sc, DT_ID)
     tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
@@ -1444,8 +1444,9 @@ def chunk_bwd_inputs_kernel(
     a_qc = tl.load(aqc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_kc = tl.load(akc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_lam = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKC):
-        a_lam += tl.load(alam_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_lam = alam_buf + ((i_hv * NKC).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKC):
+        a_lam += tl.load(p_a_lam + i_blk * TT + o_t, mask=m_r, other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1508,7 +1509,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_scores_kernel': ('p_v', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'mn_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'mn_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
     'chunk_bwd_curvature_carry_kernel': ('n0', 'mq_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'dn_buf', 'dmc_buf', 'dc_fin', 'dc0', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('n0', 'mq_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'dn_buf', 'dmc_buf', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
@@ -2163,7 +2164,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # them to the group's first value head); dλ arrives as one partial sum per column block of bwd_curvature_query
     make["aqc_buf"] = (TT * H * DK, fp32)
     make["akc_buf"] = (TT * H * DK, fp32)
-    make["alam_buf"] = (run.nkc * TT * HV, fp32)
+    make["alam_buf"] = (run.nkc * TT * HV, fp32)  # [HV, NKC, T] (codegen/address.py: partial_row)
     # from the forward-direction pass to the reverse one: S = Σ_hv (λ_hv/τ) dq̂_hv as two input-dtype halves, hi + lo
     make["sh_buf"] = (TT * H * DK, dt)
     make["sl_buf"] = (TT * H * DK, dt)

@@ -1089,7 +1089,7 @@ def chunk_bwd_grad_kernel(
     p_beta, g_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf, dy_buf, dsg_buf,
     dlg_buf, dgs_buf, dgl_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1177,11 +1177,11 @@ def chunk_bwd_grad_kernel(
     # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
     b_da += b_de
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dg, mask=m_r)
+    tl.store(ag_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dg, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
 #   Parts: q = q; lg = g; beta = beta; a = k
@@ -1211,11 +1211,13 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_lg += tl.load(ag_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_lg = ag_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_lg += tl.load(p_a_lg + i_blk * TT + o_t, mask=m_r, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
@@ -1275,7 +1277,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1922,8 +1924,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
-    make["ag_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
+    make["ag_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

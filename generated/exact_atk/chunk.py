@@ -913,6 +913,7 @@ def chunk_bwd_grad_kernel(
     p_q, p_k, kt_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dbc_buf, dy_buf, dsg_buf,
     dlg_buf, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -983,7 +984,7 @@ def chunk_bwd_grad_kernel(
     b_de -= b_dews
     tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
 # ---- backward stage precond_exact (docs/chunk_forms.md §6b), per chunk, in parallel ------------------------------------
 #   x_t = P_t a_t = G_t⁻¹ a_t (a = k: k̃); z_t = P_t dx_t (the forward's own form, with dx for a);
 #   da_t = z_t, and the adjoint of G_t is Ḡ_t = −z_t x_tᵀ; G_t holds k_j for j ≤ t:
@@ -1168,7 +1169,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('p_q', 'kt_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_k', 'p_v', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'az_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_precond_exact_kernel': ('p_k', 'aa_buf', 'gn_buf', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_bwd_precond_gram_kernel': ('p_k', 'gn_buf', 'p_out', 'dp_fin', 'dp0', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK'),
     'chunk_bwd_inputs_kernel': ('aq_buf', 'ae_buf', 'az_buf', 'akx_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1789,7 +1790,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     for n in ("aq_buf", "ae_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)
     make["az_buf"] = (TT * HV * DV, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     # the exact preconditioner's backward: per-token key adjoint and 2 sym(Ψ_t) k_t, per key head; per chunk the Gram
     # adjoint's share and the antisymmetric share of dP_0
     bufs["dp_fin"] = fin("P")

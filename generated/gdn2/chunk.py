@@ -1116,7 +1116,7 @@ def chunk_bwd_grad_kernel(
     p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf,
     pq_buf, pa_buf, pe_buf, dx_q, dx_k, dx_v, dx_b, dx_w, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1215,7 +1215,7 @@ def chunk_bwd_grad_kernel(
     tl.store(dx_b + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_b, dx_b, DT_ID), mask=m_rk)
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
@@ -1285,7 +1285,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_w', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'p_b', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1896,7 +1896,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra's share of db, then bwd_grads' dg
     lasts = {}
     for n in _INPUTS:

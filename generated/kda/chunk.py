@@ -1106,7 +1106,7 @@ def chunk_bwd_grad_kernel(
     p_q, p_k, p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf, pq_buf,
     pa_buf, dx_q, dx_k, dx_v, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1191,7 +1191,7 @@ def chunk_bwd_grad_kernel(
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
@@ -1226,8 +1226,9 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     # d g
     g_g = tl.zeros([BT, BK], dtype=tl.float32)
     g_g += a_lg
@@ -1269,7 +1270,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('abeta_buf', 'ag_buf', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1880,7 +1881,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra's share of db, then bwd_grads' dg
     lasts = {}
     for n in _INPUTS:

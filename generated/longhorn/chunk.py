@@ -1020,6 +1020,7 @@ def chunk_bwd_grad_kernel(
     p_q, p_k, p_beta, p_sum_0, h_buf, vn_buf, do_buf, dh_buf, abeta_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_q,
     dx_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1094,7 +1095,7 @@ def chunk_bwd_grad_kernel(
     g_k = tl.zeros([BT, BK], dtype=tl.float32)
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + t0 * HV + ((o_t) * HV + i_hv), b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
 #   Parts: beta = beta/(beta*sum_0 + 1)
@@ -1123,8 +1124,9 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     _d_beta_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
@@ -1171,7 +1173,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('p_q', 'p_k', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'p_k', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_k', 'p_v', 'p_beta', 'p_sum_0', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'p_sum_0', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_q', 'dx_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'p_sum_0', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_q', 'dx_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('p_beta', 'p_sum_0', 'abeta_buf', 'dx_beta', 'dx_sum_0', 'cu_seqlens', 'chunk_indices', 'TT', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1804,7 +1806,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ():
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

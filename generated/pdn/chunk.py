@@ -959,6 +959,7 @@ def chunk_bwd_grad_kernel(
     p_beta, kt_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dbc_buf, dy_buf, dsg_buf,
     dlg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1030,7 +1031,7 @@ def chunk_bwd_grad_kernel(
     b_de -= b_dews
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
-    tl.store(abeta_buf + i_k * TT * HV + rows * HV + i_hv, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
@@ -1218,22 +1219,23 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    for i_kg in range(0, NKG):
-        a_beta += tl.load(abeta_buf + i_kg * TT * HV + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    for i_blk in range(0, NKG):
+        a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_pre_betaP = tl.zeros([BT], dtype=tl.float32)
     p_a_pre_betaP = apre_betaP_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
-    for i_kb in range(0, NKP):
-        a_pre_betaP += tl.load(p_a_pre_betaP + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+    for i_blk in range(0, NKP):
+        a_pre_betaP += tl.load(p_a_pre_betaP + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pre_k = tl.load(apre_k_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_pre_mu = tl.zeros([BT], dtype=tl.float32)
     p_a_pre_mu = apre_mu_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
-    for i_kb in range(0, NKP):
-        a_pre_mu += tl.load(p_a_pre_mu + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+    for i_blk in range(0, NKP):
+        a_pre_mu += tl.load(p_a_pre_mu + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pdec = tl.zeros([BT], dtype=tl.float32)
     p_a_pdec = apdec_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
-    for i_kb in range(0, NKP):
-        a_pdec += tl.load(p_a_pdec + i_kb * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
+    for i_blk in range(0, NKP):
+        a_pdec += tl.load(p_a_pdec + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d q
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
     g_q += a_q
@@ -1300,7 +1302,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('kt_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'pn_k', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'NKP'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'abeta_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
@@ -1919,7 +1921,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
     for n in ("aq_buf", "ae_buf", "aa_buf", ):
         make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # one partial sum per block of key channels of bwd_grads
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
     bufs["da_fin"] = fin("A")
     make["da0"] = (N * HP * DK, fp32)
     for n, key in _PRECOND_SHARES.items():  # each input's share of k̃'s and the increment's chain rule
