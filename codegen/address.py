@@ -34,8 +34,10 @@ def partial_row(head: str, block: str, count: str) -> str:
     """Where one block of key channels leaves its partial sums of a per-token adjoint (the sum over the key channels
     that a stage holds in `count` blocks: bwd_grads' dβ and db, NKG; bwd_curvature_query's dλ, NKC; bwd_precond_diag's
     per-token shares, NKP): a [heads, count, T] buffer, each block's tokens one contiguous run. This is the scalar
-    part (int64: the head's and block's row, the chunk's or step's first token t0); the writer adds o_t, its tokens'
-    int32 offsets, and stores one contiguous run; the reader adds the block's runs in a fixed order (no atomics).
+    part (the head's and block's row in int32 — the host refuses heads × count × T ≥ 2³¹ — plus the chunk's or step's
+    first token t0, int64); the writer adds o_t, its tokens' offsets, and stores one contiguous run; the reader adds
+    the block's runs in a fixed order (no atomics). (The row's product in int64 cost clvr_kda's bwd_grads the last
+    registers: 255 + 8 B spill against 254, none.)
     (Token-major partials, [T, heads, count], gave the reader contiguous rows but spread each writer's stores 1 KB
     apart: pgdn's bwd_precond_diag 0.397 → 0.503 ms, H100 run 97; this layout 0.378, run 98.)"""
-    return f"(({head} * {count} + {block}).to(tl.int64) * TT + t0)"
+    return f"(({head} * {count} + {block}) * TT + t0)"

@@ -796,7 +796,7 @@ def _block_partials(var: str, buf: str, count: str, head: str = "i_hv", only_if:
     """Load a per-token adjoint left as `count` partial sums (partial_row), added block by block in a fixed order;
     `only_if` as `_tok`'s."""
     mask = f"tl.where({only_if}, m_r, False)" if only_if else "m_r"
-    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    p_{var} = {buf} + (({head} * {count}).to(tl.int64) * TT + t0)\n"
+    return (f"{var} = tl.zeros([BT], dtype=tl.float32)\n    p_{var} = {buf} + (({head} * {count}) * TT + t0)\n"
             f"    for i_blk in range(0, {count}):\n        {var} += tl.load(p_{var} + i_blk * TT + o_t, mask={mask}, "
             "other=0.)")
 

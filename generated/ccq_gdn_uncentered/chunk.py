@@ -1371,11 +1371,11 @@ def chunk_bwd_grad_kernel(
     # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
     b_da += b_de
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dg, mask=m_r)
+    tl.store(ag_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dg, mask=m_r)
 # ---- backward stage bwd_curvature_query (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns of C),
 #   with C_n as bwd_curvature_sums re-formed them, C_n as up to 2 [BK, BV] tiles of BK key rows. With
 #   G_hv = dq̂_hv and S = Σ_hv (λ_hv/τ) G_hv (per key head):
@@ -1426,7 +1426,7 @@ def chunk_bwd_curvature_query_kernel(
         b_lam = _b_lam_lam
         b_gc = tl.load(aq_buf + (rows[:, None] * HV + i_hv) * DK + o_c[None, :], mask=m_rc, other=0.)
         b_Sc += tl.where(m_r, b_lam / b_tau, 0.)[:, None] * b_gc
-        tl.store(alam_buf + ((i_hv * NKC + i_cb).to(tl.int64) * TT + t0) + o_t, -tl.sum(b_gc * b_corr, 1), mask=m_r)
+        tl.store(alam_buf + ((i_hv * NKC + i_cb) * TT + t0) + o_t, -tl.sum(b_gc * b_corr, 1), mask=m_r)
     # S[:, cols] for the later passes as two input-dtype halves, hi + lo (about 16 mantissa bits with bf16)
     b_sh = _hi(b_Sc, DT_ID)
     tl.store(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], _cast_for(b_sh, sh_buf, DT_ID), mask=m_rc)
@@ -1632,18 +1632,18 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.zeros([BT], dtype=tl.float32)
-    p_a_lg = ag_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_lg = ag_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_lg += tl.load(p_a_lg + i_blk * TT + o_t, mask=m_r, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_beta = abeta_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_qc = tl.load(aqc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_kc = tl.load(akc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_lam = tl.zeros([BT], dtype=tl.float32)
-    p_a_lam = alam_buf + ((i_hv * NKC).to(tl.int64) * TT + t0)
+    p_a_lam = alam_buf + ((i_hv * NKC) * TT + t0)
     for i_blk in range(0, NKC):
         a_lam += tl.load(p_a_lam + i_blk * TT + o_t, mask=m_r, other=0.)
     # d q
@@ -2045,6 +2045,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
+        raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
+                          "elements in one buffer; call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,

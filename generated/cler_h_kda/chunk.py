@@ -1260,7 +1260,7 @@ def chunk_bwd_grad_kernel(
     # tied keys (E = A): one adjoint for both roles of the key; the plan has no separate dke
     b_da += b_de
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
@@ -1296,7 +1296,7 @@ def chunk_bwd_inputs_kernel(
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_beta = abeta_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
@@ -1635,6 +1635,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
+        raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
+                          "elements in one buffer; call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,

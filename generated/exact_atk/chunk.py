@@ -984,7 +984,7 @@ def chunk_bwd_grad_kernel(
     b_de -= b_dews
     tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
 # ---- backward stage precond_exact (docs/chunk_forms.md §6b), per chunk, in parallel ------------------------------------
 #   x_t = P_t a_t = G_t⁻¹ a_t (a = k: k̃); z_t = P_t dx_t (the forward's own form, with dx for a);
 #   da_t = z_t, and the adjoint of G_t is Ḡ_t = −z_t x_tᵀ; G_t holds k_j for j ≤ t:
@@ -1446,6 +1446,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
+        raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
+                          "elements in one buffer; call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,

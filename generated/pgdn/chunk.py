@@ -1123,11 +1123,11 @@ def chunk_bwd_grad_kernel(
     b_db -= tl.sum(tl.where(m_rk, b_e * b_dews, 0.), 1)
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dbeta, mask=m_r)
+    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dg, mask=m_r)
+    tl.store(ag_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dg, mask=m_r)
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
@@ -1208,19 +1208,19 @@ def chunk_bwd_precond_diag_kernel(
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
-            tl.store(apdec_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdec_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
-            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
+            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
             _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             _d_k_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
             b_pre_k += d_k_inc * b_ab
             tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
-            tl.store(apre_mu_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_mu, mask=m_r)
+            tl.store(apre_mu_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, b_pre_mu, mask=m_r)
             i_ts -= 1
     else:
         # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
@@ -1271,19 +1271,19 @@ def chunk_bwd_precond_diag_kernel(
             b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
             _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
-            tl.store(apdec_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
+            tl.store(apdec_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
             # the carry into the step before: e^{c_first} Ā_first
             b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
-            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
+            tl.store(apre_betaP_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, b_pre_betaP, mask=m_r)
             _d_k_inc_betaP = tl.load(p_betaP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             _d_k_inc_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_k_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (2.0 * _d_k_inc_k * _d_k_inc_betaP[:, None]), 0.)
             b_pre_k += d_k_inc * b_ab
             tl.store(apre_k_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_pre_k, mask=m_rk)
-            tl.store(apre_mu_buf + ((i_p * NKP + i_kb).to(tl.int64) * TT + t0) + o_t, b_pre_mu, mask=m_r)
+            tl.store(apre_mu_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, b_pre_mu, mask=m_r)
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
@@ -1315,25 +1315,25 @@ def chunk_bwd_inputs_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_lg = tl.zeros([BT], dtype=tl.float32)
-    p_a_lg = ag_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_lg = ag_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_lg += tl.load(p_a_lg + i_blk * TT + o_t, mask=m_r, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
-    p_a_beta = abeta_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_beta = abeta_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_beta += tl.load(p_a_beta + i_blk * TT + o_t, mask=m_r, other=0.)
     a_e = tl.load(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_pre_betaP = tl.zeros([BT], dtype=tl.float32)
-    p_a_pre_betaP = apre_betaP_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    p_a_pre_betaP = apre_betaP_buf + ((i_h * NKP) * TT + t0)
     for i_blk in range(0, NKP):
         a_pre_betaP += tl.load(p_a_pre_betaP + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pre_k = tl.load(apre_k_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_pre_mu = tl.zeros([BT], dtype=tl.float32)
-    p_a_pre_mu = apre_mu_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    p_a_pre_mu = apre_mu_buf + ((i_h * NKP) * TT + t0)
     for i_blk in range(0, NKP):
         a_pre_mu += tl.load(p_a_pre_mu + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     a_pdec = tl.zeros([BT], dtype=tl.float32)
-    p_a_pdec = apdec_buf + ((i_h * NKP).to(tl.int64) * TT + t0)
+    p_a_pdec = apdec_buf + ((i_h * NKP) * TT + t0)
     for i_blk in range(0, NKP):
         a_pdec += tl.load(p_a_pdec + i_blk * TT + o_t, mask=tl.where(i_hv % G == 0, m_r, False), other=0.)
     # d q
@@ -1685,6 +1685,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
+        raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
+                          "elements in one buffer; call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,

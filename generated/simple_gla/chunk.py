@@ -731,7 +731,7 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(rows == last, b_db + b_end, b_db)
     b_db = tl.where(m_r, b_db, 0.)
     b_dg = tl.sum(b_db, 0) - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + ((i_hv * NKG + i_k).to(tl.int64) * TT + t0) + o_t, b_dg, mask=m_r)
+    tl.store(ag_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dg, mask=m_r)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
 #   Parts: lg = g
@@ -759,7 +759,7 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     a_lg = tl.zeros([BT], dtype=tl.float32)
-    p_a_lg = ag_buf + ((i_hv * NKG).to(tl.int64) * TT + t0)
+    p_a_lg = ag_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
         a_lg += tl.load(p_a_lg + i_blk * TT + o_t, mask=m_r, other=0.)
     # d g
@@ -1088,6 +1088,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
     nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
+        raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
+                          "elements in one buffer; call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
