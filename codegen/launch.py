@@ -198,7 +198,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # spill); at 8 warps none spills (gdn 197, gdn_fused_gate 192, pgdn 194, ccq_gdn 193, cler_h_gdn 201: one program
         # per SM; deltanet 127, two); BK 32 / 4 warps: gdn 178 / 0 (two programs per SM, at twice the value-side and c×c
         # loads). dk = dv = 64: gdn 4 warps 72 B spill, 8 warps 254 / 0; dk = dv = 256: gdn 255 / 64 B. Not yet timed on
-        # the H200 (the fused kernel's BK 32 / BV 64 / 4 warps faulted under Triton 3.6)
+        # the H200 (the fused kernel's BK 32 / BV 64 / 4 warps faulted under Triton 3.6). Since the partial sums' rows
+        # (codegen/address.py: partial_row) gdn's spill is 32 B. H100 (run 97, pgdn): 4 warps 0.799 ms, 8 warps 0.928
         return bk_block, bv_full, 4, 1
     if name == "bwd_grads":
         # (the additive family's and per-channel decay's: the delta family with a scalar or no decay runs bwd_solve and

@@ -1087,10 +1087,13 @@ def _bwd_grads(p: Plan) -> Stage | None:
     mine = [n for n in p.elementwise_grads if not (split and n in _value_grads(p))]
     outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (split and name == "dz")]
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in mine]
-    outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
+    if delta or p.structure.gain != "none":  # the additive family without a gain has no β to differentiate
+        outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     grads = gate_gradient(p)
     if grads:
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
+    # per-token sums over the key channels, which each block of them leaves as a partial (codegen/address.py)
+    partials = [o.name for o in outs if o.dims == ("B", "T", "HV")]
     reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta and not split else ())
     if vec:  # the c×c parts came from bwd_scores and bwd_intra
         form = ("dY = Ai^T dU, dZ = beta dY; " if delta else "dZ = beta dU; ") + "adds the pair gradients of bwd_intra" + \
@@ -1100,7 +1103,9 @@ def _bwd_grads(p: Plan) -> Stage | None:
             ("; dg = reverse cumsum of db" if grads else "")
     else:
         form = "dZ = beta dU; score pairs as masked matmuls" + ("; dg = reverse cumsum of db" if grads else "")
-    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads), ("key_blocks", "dbeta, dg as partial sums"))
+    attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads))
+    if partials:
+        attrs += (("key_blocks", ", ".join(partials) + " as partial sums"),)
     if mine:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
