@@ -354,6 +354,26 @@ def test_every_chunk_spec_has_a_chunked_backward() -> None:
         assert "chunk_bwd_grad_kernel" in render_chunk(load(name).ir)
 
 
+def test_a_call_past_the_partial_sums_int32_rows_is_refused() -> None:
+    """A per-token partial sum's row offset is int32 (codegen/address.py: partial_row): a call whose tokens × heads ×
+    key blocks reach 2^31 gets a TensorError before any launch, not offsets that wrap. Meta tensors: no memory; one
+    token fewer passes the check (and stops later, at the meta device's first data access)."""
+    rec = load("pgdn")
+    mod = load_chunk(rec.ir)
+    small = rec.random_inputs(1, 8, 16, 16, 16, 16, dtype=torch.bfloat16)
+
+    def meta(T: int) -> dict[str, torch.Tensor]:
+        return {k: torch.empty((1, T, *v.shape[2:]) if v.dim() >= 2 and v.shape[1] == 8 else v.shape, dtype=v.dtype,
+                               device="meta") for k, v in small.items()}
+
+    # dk = 16 in blocks of 8: two blocks; 16 heads; 2^26 tokens
+    with pytest.raises(TensorError, match=r"67108864 tokens × 16 heads × 2 key blocks reach 2\^31"):
+        mod.chunk_forward(meta(2**26))
+    with pytest.raises(Exception) as info:  # noqa: PT011 - any failure but the guard's
+        mod.chunk_forward(meta(2**26 - 1))
+    assert "reach 2^31" not in str(info.value)
+
+
 def test_bad_gradient_shapes() -> None:
     rec = load("gdn")
     mod = load_chunk(rec.ir)
