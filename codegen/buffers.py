@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler.plan import Operand, Plan, Stage, launch_of, stored
+from ..compiler.plan import Operand, Plan, Stage, build_backward_plan, launch_of, stored
 
 # a forward stage's stored operand -> the buffer its kernels name
 BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
@@ -42,6 +42,7 @@ class TokenBuffer:
     numel: str  # a Python expression over TT, N, H, HV, DK, DV, BT
     dtype: str  # "dt" (the call's input dtype) or "f32"
     backward_only: bool  # read back by no forward launch: allocated only when the call keeps buffers
+    kind: str  # the kind of the stage that writes it
     operand: str  # stage.operand, for the generated line's comment
 
     def line(self) -> str:
@@ -56,13 +57,6 @@ def allocation_code(bufs: tuple[TokenBuffer, ...], indent: str = "    ") -> str:
             lines.append("if keep:  # read back by the backward only")
         lines.append(("    " if buf.backward_only else "") + buf.line())
     return "\n".join(indent + ln for ln in lines)
-
-
-def _backward_reads(plan: Plan) -> set[str]:
-    from ..compiler.plan import build_backward_plan
-
-    bp = build_backward_plan(plan)
-    return {r for st in (bp.stages if bp is not None else ()) for r in st.attr("reads", ())}
 
 
 def _numel(o: Operand) -> str:
@@ -80,7 +74,8 @@ def _read_back_in_forward(plan: Plan, st: Stage, o: Operand) -> bool:
 
 def token_buffers(plan: Plan) -> tuple[TokenBuffer, ...]:
     """The per-token buffers the forward stages write, in the plan's order."""
-    read = _backward_reads(plan)
+    bp = build_backward_plan(plan)
+    read = bp.reads() if bp is not None else set()
     names = {**BUFFER_OF, **(UNTIED_BUFFER_OF if plan.family == "untied" else {})}
     out: list[TokenBuffer] = []
     for st in plan.stages():
@@ -89,17 +84,18 @@ def token_buffers(plan: Plan) -> tuple[TokenBuffer, ...]:
             # into its consumer's scan (the PDN statistic's) and the exclusive form b_(t-1) are not stored
             o = st.outputs[0]
             if stored(plan, st, o, read):
-                out.append(TokenBuffer("g_buf", _numel(o), "f32", False, f"{st.name}.{o.name}"))
+                out.append(TokenBuffer("g_buf", _numel(o), "f32", False, st.kind, f"{st.name}.{o.name}"))
             continue
         for o in st.outputs:
             if not stored(plan, st, o, read) or (st.kind, o.name) in ELSEWHERE:
                 continue
             out.append(TokenBuffer(names[(st.kind, o.name)], _numel(o), "f32" if o.dtype == "fp32" else "dt",
-                                   not _read_back_in_forward(plan, st, o), f"{st.name}.{o.name}"))
+                                   not _read_back_in_forward(plan, st, o), st.kind, f"{st.name}.{o.name}"))
     return tuple(out)
 
 
-def kept_buffers(plan: Plan, kind: str) -> list[str]:
-    """The buffers that hold the stored outputs of forward stage `kind` (what a training forward keeps of it)."""
-    stage = {st.name: st.kind for st in plan.stages()}
-    return [b.name for b in token_buffers(plan) if stage[b.operand.split(".")[0]] == kind]
+def kept_buffers(plan: Plan, kinds: tuple[str, ...]) -> list[str]:
+    """The buffers that hold the stored outputs of the forward stages `kinds` (what a training forward keeps of
+    them), in the order of `kinds`."""
+    bufs = token_buffers(plan)
+    return [b.name for kind in kinds for b in bufs if b.kind == kind]

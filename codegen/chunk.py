@@ -406,7 +406,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
         if p.name in _ADJOINT_OF_PART and _ADJOINT_OF_PART[p.name] not in stored:
             raise AssertionError(f"{ir.name}: bwd_inputs reads the adjoint of {p.name}, which the plan does not store")
     # the backward kernels, in the backward plan's launch order; what the forward keeps for them, what they rerun
-    kept = [b for k in bplan.kept for b in kept_buffers(plan, k)]
+    kept = kept_buffers(plan, bplan.kept)
     launches = backward_launches(plan)
     split = "bwd_solve" in bplan.kinds()
     # the delta family without a per-channel decay has no fused c×c path left in chunk_bwd_grad.jinja
@@ -433,7 +433,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
 def backward_reads_l(plan: Plan) -> bool:
     """Whether a stage of the backward plan reads L' back (the plan decides; bwd_solve re-forms it elsewhere)."""
     bp = build_backward_plan(plan)
-    return bp is not None and any("interaction.L" in st.attr("reads", ()) for st in bp.stages)
+    return bp is not None and "interaction.L" in bp.reads()
 
 
 def supports_chunk_backward(ir: IR) -> tuple[bool, str]:

@@ -873,6 +873,10 @@ class BackwardPlan:
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages]
 
+    def reads(self) -> set[str]:
+        """The forward operands ("stage.operand") its stages read back."""
+        return {r for st in self.stages for r in st.attr("reads", ())}
+
 
 def split_reverse_pass(p: Plan) -> bool:
     """Whether the state passes split over blocks of key rows, as the forward's `key_blocks` attribute says

@@ -23,7 +23,8 @@ from dgps.codegen.chunk import supports_chunk_backward  # noqa: E402
 from dgps.runtime.bounds import checked_bounds, run_spec  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="the bounds checker instruments Triton's CPU interpreter")
+                                reason="needs Triton's CPU interpreter (TRITON_INTERPRET=1, set on machines without a GPU): "
+                                       "the bounds checker instruments it")
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 CHUNK = [p.stem for p in sorted(SPEC_DIR.glob("*.dgps")) if supports_chunk_backward(dgps.load(p).ir)[0]]

@@ -97,7 +97,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert all(bp.kinds().index(m.reformed_by) > 0 for m in bp.memory if m.reformed_by)
     assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
     out, kept = mod.chunk_forward_train(x)
-    assert list(mod._KEPT_BUFFERS) == [b for k in bp.kept for b in kept_buffers(plan, k)]
+    assert list(mod._KEPT_BUFFERS) == kept_buffers(plan, bp.kept)
     assert len(kept) == len(mod._KEPT_BUFFERS)
     do = torch.randn_like(out.o)
     # the rerun of the state pass (without the output) stores H_n and U for the backward stages (a stage evaluated on
@@ -170,7 +170,7 @@ def test_memory_model_matches_the_kernels(name: str) -> None:
     phase = {kernel: PHASE_OF[kind] for kind, kernel in BWD_KERNEL.items()}
     order = [k[1].__name__ for k in mod._bwd_kernels()]
     for m in bp.memory:
-        bufs = kept_buffers(plan, m.kind) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())
+        bufs = kept_buffers(plan, (m.kind,)) if not m.recompute else _RERUN_BUFFERS.get(m.kind, ())
         readers = [phase[k] for k in order for b in bufs if b in mod._KERNEL_ARGS[k]]
         if readers:
             assert (max(readers) >= PEAK_PHASE) == (m.last_read >= PEAK_PHASE), (m.kind, bufs, readers)
@@ -243,7 +243,7 @@ def test_token_buffers_are_the_plans_stored_operands(name: str) -> None:
     ir = kernel_ir(dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps").ir)
     plan = build_plan(ir, 64, 16)
     bp = build_backward_plan(plan)
-    read = {r for st in (bp.stages if bp is not None else ()) for r in st.attr("reads", ())}
+    read = bp.reads() if bp is not None else set()
     buffer_of = {**BUFFER_OF, **(UNTIED_BUFFER_OF if plan.family == "untied" else {})}
     TT, N, H, HV, DK, DV = 7 * 64 + 5, 3, 2, 4, 48, 40
     HP = H if any(o.dims[2] == "H" for st in plan.find("precond_diag") for o in st.outputs) else HV
