@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run 99 (twenty-first session): the H200 tables at one commit (HEAD d5212fd's kernels: the PDN partials in
+# [heads, blocks, T] rows and the same layout for every per-token partial sum), as run 97 on the H100 but without
+# its sweeps. Predictions (NOTES, twenty-first session): ratios against FLA as run 97's H100 table within ~0.05;
+# pgdn / gdn ~1.55x, pkda / kda ~1.30x; gdn's step unchanged by the dβ / db row layout (<= 0.01 ms).
+#   scalar:  GPU checks of pgdn / pkda, the scalar FLA systems with profiles and accuracy, the scalar variants.
+#   vector:  the vector FLA systems with profiles, then the vector variants (pkda, ccq_gla, ...).
+# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector   (writes under $OUT)
+. benchmarks/device_env.sh || exit 1
+q() { grep -v -i warn; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+case "$1" in
+scalar)
+  timeout 100 python3 benchmarks/check_gpu_grads.py --systems pgdn pkda --dtype bf16 2>&1 | q | tail -3
+  timeout 250 python3 benchmarks/bench_fla.py --reps 5 --profile --accuracy \
+      --json $OUT/run99_scalar.json 2>&1 | q | tail -8
+  timeout 220 python3 benchmarks/bench_fla.py --systems --variants scalar --reps 5 --profile \
+      --json $OUT/run99_scalar_variants.json 2>&1 | q | grep "^variants"
+  ;;
+vector)
+  timeout 250 python3 benchmarks/bench_fla.py --systems gla kda gdn2 precond_kda dplr --reps 5 --profile \
+      --json $OUT/run99_vector.json 2>&1 | q | tail -8
+  timeout 300 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
+      --json $OUT/run99_vector_variants.json 2>&1 | q | grep "^variants"
+  ;;
+*) echo "usage: $0 scalar|vector"; exit 2 ;;
+esac
+echo "== done"
