@@ -9,13 +9,24 @@ backward takes it) — is allocated only when the call keeps buffers for a backw
 Not per-token buffers, so not here: the state pass's U and H_n and the route r (the launch decides: fused with the
 output they stay in registers), the curvature sums and the exact preconditioner's Gram carries (allocated around
 their readers), the output o.
+
+The backward's buffers (`backward_buffers`) are read off the backward plan's stage outputs the same way
+(`BWD_BUFFER_OF`): the host allocates each right before the first kernel that names it and drops it after the last
+one (chunk_host.jinja: _launch_backward). Two operands may share a buffer, where the later stage adds its share to
+the earlier one's (bwd_intra's db pairs, then bwd_grads' dg; the exact preconditioner's dk_x, then the Gram pass's
+dk_g). A stage's `partial_sums` are per-token sums over the key channels that each block of them leaves as one row
+([heads, blocks, T]: codegen/address.py: partial_row), so their buffers hold one row per block: `PARTIAL_BLOCKS`
+names the host's block count for each such stage (its launch setting's BK, or BV for the curvature query's columns).
+The inputs' gradients (grad_x) are the host's result buffers, sized by the call's inputs (an input's dtype, or fp32
+where a group of value heads sums into it), and the curvature sums' rerun takes the forward's allocation
+(`_curvature_sums`: C_n at every other chunk).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler.plan import Operand, Plan, Stage, build_backward_plan, launch_of, stored
+from ..compiler.plan import BackwardPlan, Operand, Plan, Stage, build_backward_plan, launch_of, stored
 
 # a forward stage's stored operand -> the buffer its kernels name
 BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
@@ -99,3 +110,98 @@ def kept_buffers(plan: Plan, kinds: tuple[str, ...]) -> list[str]:
     them), in the order of `kinds`."""
     bufs = token_buffers(plan)
     return [b.name for kind in kinds for b in bufs if b.kind == kind]
+
+
+# a backward stage's output -> the buffer its kernels name (grad_x: the host's result buffers dx_x, sized by the
+# call's inputs; the curvature sums' rerun: the forward's allocation)
+BWD_BUFFER_OF = {("bwd_local_values", "dUl"): "dul_buf", ("bwd_local_values", "dU"): "du_buf",
+                 ("bwd_state_pass", "dHn1"): "dh_buf", ("bwd_state_pass", "dU"): "du_buf",
+                 ("bwd_state_pass", "dS0"): "ds0", ("bwd_state_pass", "dVs"): "dvs_buf",
+                 ("bwd_scores", "dSqa"): "dsq_buf", ("bwd_scores", "dL"): "dsl_buf", ("bwd_scores", "dbeta_c"): "dbc_buf",
+                 ("bwd_scores", "dAqf"): "dsq_buf", ("bwd_scores", "dAqw"): "dsqw_buf",
+                 ("bwd_scores", "dAef"): "dsl_buf", ("bwd_scores", "dAew"): "dsw_buf",
+                 ("bwd_intra", "dq_pair"): "pq_buf", ("bwd_intra", "da_pair"): "pa_buf",
+                 ("bwd_intra", "de_pair"): "pe_buf", ("bwd_intra", "df_pair"): "pf_buf",
+                 ("bwd_intra", "db_pair"): "ag_buf",  # bwd_grads adds the rest of dg to it
+                 ("bwd_solve", "dY"): "dy_buf", ("bwd_solve", "dSg"): "dsg_buf", ("bwd_solve", "dLg"): "dlg_buf",
+                 ("bwd_solve", "dbeta_c"): "dbc_buf", ("bwd_solve", "db_s"): "dgs_buf", ("bwd_solve", "db_l"): "dgl_buf",
+                 ("bwd_solve", "dz"): "az_buf",
+                 ("bwd_grads", "dqp"): "aq_buf", ("bwd_grads", "dkw"): "aa_buf", ("bwd_grads", "dke"): "ae_buf",
+                 ("bwd_grads", "dkf"): "af_buf", ("bwd_grads", "dz"): "az_buf", ("bwd_grads", "dbeta"): "abeta_buf",
+                 ("bwd_grads", "dg"): "ag_buf",
+                 ("bwd_curvature_query", "dq_c"): "aqc_buf", ("bwd_curvature_query", "dlam"): "alam_buf",
+                 ("bwd_curvature_query", "S_hi"): "sh_buf", ("bwd_curvature_query", "S_lo"): "sl_buf",
+                 ("bwd_curvature_query", "ms"): "ms_buf",
+                 ("bwd_curvature_carry", "Dn_b"): "dn_buf", ("bwd_curvature_carry", "dmc_b"): "dmc_buf",
+                 ("bwd_curvature_carry", "dC0"): "dc0", ("bwd_curvature_carry", "dm0"): "dm0",
+                 ("bwd_curvature_key", "dk_c"): "akc_buf",
+                 ("bwd_precond_diag", "ddec"): "apdec_buf", ("bwd_precond_diag", "dA0"): "da0",
+                 ("bwd_precond_exact", "dk_x"): "akx_buf", ("bwd_precond_exact", "dq_x"): "aqx_buf",
+                 ("bwd_precond_exact", "u_x"): "wx_buf", ("bwd_precond_exact", "dGc"): "ge_buf",
+                 ("bwd_precond_exact", "dPa"): "ga_buf",
+                 ("bwd_precond_gram", "dk_g"): "akx_buf",  # added to dk_x's buffer
+                 ("bwd_precond_gram", "dP0"): "dp0"}
+# the PDN statistic's backward: each input's share (dpre_x) in apre_x_buf
+BWD_SHARE_PREFIX = ("bwd_precond_diag", "dpre_")
+BWD_ELSEWHERE = {("bwd_curvature_sums", "Cn_b"), ("bwd_curvature_sums", "m_n_b")}
+# a stage with partial sums -> the host's count of its key-channel blocks (chunk_host.jinja: _prepare)
+PARTIAL_BLOCKS = {"bwd_grads": "run.nkg", "bwd_curvature_query": "run.nkc", "bwd_precond_diag": "run.nkp"}
+# the host's names for a shape's dimensions in the backward (the chunk count's bound is the run's NT)
+_BWD_SIZE = {**_SIZE, "NT": "NT", "N": "N"}
+
+
+@dataclass(frozen=True)
+class BackwardBuffer:
+    name: str
+    numel: str  # a Python expression over TT, NT, N, H, HV, DK, DV, BT and the run's block counts
+    dtype: str  # "dt" (the call's input dtype) or "fp32"
+    operands: tuple[str, ...]  # "stage.operand" of each output it holds, in the plan's order
+
+    def line(self) -> str:
+        return f'make["{self.name}"] = ({self.numel}, {self.dtype})  # {", ".join(self.operands)}'
+
+
+def _bwd_buffer_of(st: Stage, o: Operand) -> str | None:
+    if o.name.startswith("grad_") or (st.kind, o.name) in BWD_ELSEWHERE:
+        return None
+    if (st.kind, o.name) in BWD_BUFFER_OF:
+        return BWD_BUFFER_OF[(st.kind, o.name)]
+    kind, prefix = BWD_SHARE_PREFIX
+    if st.kind == kind and o.name.startswith(prefix):
+        return f"apre_{o.name[len(prefix):]}_buf"
+    raise AssertionError(f"{st.kind}.{o.name}: no backward buffer for this operand (codegen/buffers.py: BWD_BUFFER_OF)")
+
+
+def _bwd_numel(st: Stage, o: Operand) -> str:
+    dims = list(o.dims[1:] if o.dims[0] == "B" else o.dims)  # B and T together are the call's TT tokens
+    if dims[0] == "NT" and dims[-2:] == ["C", "C"]:
+        dims = ["T", *dims[1:-1]]  # a c×c matrix is stored by token rows
+    if o.name in st.attr("partial_sums", ()):
+        dims = [PARTIAL_BLOCKS[st.kind], *dims]  # one row of tokens per block of key channels
+    return " * ".join(_BWD_SIZE.get(d, d) for d in dims)
+
+
+def backward_buffers(bp: BackwardPlan) -> tuple[BackwardBuffer, ...]:
+    """The buffers the backward stages write, in the plan's order; an operand added to an earlier one's buffer (the
+    same name) must agree with it in size and dtype."""
+    out: dict[str, BackwardBuffer] = {}
+    for st in bp.stages:
+        for o in st.outputs:
+            name = _bwd_buffer_of(st, o)
+            if name is None:
+                continue
+            buf = BackwardBuffer(name, _bwd_numel(st, o), "fp32" if o.dtype == "fp32" else "dt",
+                                 (f"{st.name}.{o.name}",))
+            if name in out:
+                first = out[name]
+                if (first.numel, first.dtype) != (buf.numel, buf.dtype):
+                    raise AssertionError(f"{bp.name}: {first.operands[0]} and {buf.operands[0]} share {name} with "
+                                         f"different shapes or dtypes: {first.numel} {first.dtype} / {buf.numel} {buf.dtype}")
+                buf = BackwardBuffer(name, buf.numel, buf.dtype, first.operands + buf.operands)
+            out[name] = buf
+    return tuple(out.values())
+
+
+def make_code(bufs: tuple[BackwardBuffer, ...], indent: str = "    ") -> str:
+    """The host's `make` lines (chunk_host.jinja: _backward), one per buffer."""
+    return "\n".join(indent + b.line() for b in bufs)

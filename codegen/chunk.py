@@ -96,7 +96,7 @@ from ..compiler.plan import (
     tied_keys_of,
 )
 from .address import ROWS, partial_row, row_offset
-from .buffers import allocation_code, kept_buffers, token_buffers
+from .buffers import allocation_code, backward_buffers, kept_buffers, make_code, token_buffers
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .triton_expr import triton_expr
@@ -427,7 +427,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
                 fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=split),
-                precond_code=_precond_backward_code(ir, em, plan))
+                precond_code=_precond_backward_code(ir, em, plan),
+                backward_buffer_code=make_code(backward_buffers(bplan)))
 
 
 def backward_reads_l(plan: Plan) -> bool:
@@ -730,7 +731,7 @@ def _context(ir: IR) -> dict:
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None,
-                   precond_code=("", ""))
+                   precond_code=("", ""), backward_buffer_code="")
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)

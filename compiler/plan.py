@@ -1109,7 +1109,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
         form = "dZ = beta dU; score pairs as masked matmuls" + ("; dg = reverse cumsum of db" if grads else "")
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads))
     if partials:
-        attrs += (("key_blocks", ", ".join(partials) + " as partial sums"),)
+        attrs += (("partial_sums", tuple(partials)),)
     if mine:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
@@ -1156,7 +1156,7 @@ def _bwd_curvature_query(p: Plan) -> Stage | None:
     form = "S = sum_hv (lam_hv / tau) dqp_hv = S_hi + S_lo; dq_c = -(S C_n + tril(S K^T) K)" + \
         (" + M (m^T S) / tau" if centered else "") + "; dlam = -<dqp, corr>"
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("tiles", "BV columns of C per chunk and key head"),
-                                          ("key_blocks", "dlam as partial sums"))
+                                          ("partial_sums", ("dlam",)))
     # corr as the forward formed it
     attrs += (("reads", ("curvature_query.corr",)),)
     ins = ("dqp", "Cn_b") + (("m_n_b",) if centered else ())
@@ -1228,8 +1228,10 @@ def _bwd_precond_diag(p: Plan) -> Stage | None:
     outs = (Operand("ddec", f"[B,T,{heads}]", "fp32"), Operand("dA0", f"[N,{heads},dk]", "fp32")) + shares
     form = "A = e^c A_n + Lambda (stat) per chunk; dinc = reverse decayed cumsum of the statistic's adjoint; " \
         "dpre_x = d(map(A) k)/dx dkw + d(inc)/dx dinc"
+    partials = tuple(o.name for o in outs if o.dims == ("B", "T", heads))
     return Stage("bwd_precond_diag", "bwd_precond_diag", ("dkw", "dA_final"), outs,
-                 (("form", form), ("reads", ("precond_diag.An",)), ("sequential", "chunks, reversed")))
+                 (("form", form), ("reads", ("precond_diag.An",)), ("sequential", "chunks, reversed"),
+                  ("partial_sums", partials)))
 
 
 def _bwd_precond_exact(p: Plan) -> Stage | None:

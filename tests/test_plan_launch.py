@@ -1,6 +1,7 @@
 """The chunk packages launch exactly the stages of their plan, in the plan's order (forward, training forward
 and backward), the training forward keeps exactly the buffers of the stages the backward plan keeps, the per-token
-buffers are the plan's stored operands (their sizes and dtypes), and no allocated buffer is idle.
+buffers are the plan's stored operands and the backward's buffers its backward stages' outputs (their sizes and
+dtypes), and no allocated buffer is idle.
 
 Launches are recorded at the host's one launch point (`_Run.launch`), not run, so this takes no interpreter
 time; the buffers handed between calls are then uninitialised, which only the launch lists here see.
@@ -18,7 +19,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import dgps  # noqa: E402
-from dgps.codegen.buffers import BUFFER_OF, ELSEWHERE, UNTIED_BUFFER_OF, kept_buffers  # noqa: E402
+from dgps.codegen.buffers import (  # noqa: E402
+    BUFFER_OF,
+    BWD_BUFFER_OF,
+    ELSEWHERE,
+    UNTIED_BUFFER_OF,
+    kept_buffers,
+)
 from dgps.codegen.chunk import supports_chunk, supports_chunk_backward  # noqa: E402
 from dgps.compiler.plan import build_backward_plan, build_plan, launch_of  # noqa: E402
 from dgps.runtime.compile import load_chunk  # noqa: E402
@@ -274,3 +281,61 @@ def test_token_buffers_are_the_plans_stored_operands(name: str) -> None:
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@pytest.mark.parametrize("name", CHUNK + TEST_SPECS)
+def test_backward_buffers_are_the_backward_plans_outputs(name: str) -> None:
+    """The backward's own buffers (the host's `make` table, which _launch_backward allocates from) are exactly the
+    backward plan's stage outputs: one buffer per output (two where a later stage adds its share into an earlier
+    one's), sized by the output's shape (a partial sum: one row of tokens per block of the stage's key channels) and of
+    its dtype ("in": the input dtype), each named by a launched kernel; plus one gradient per input and the
+    curvature sums' rerun."""
+    from dgps.compiler.ir import kernel_ir
+
+    path = SPEC_DIR / f"{name}.dgps"
+    rec = dgps.load(path if path.exists() else Path(__file__).resolve().parent / f"{name}.dgps")
+    ir = kernel_ir(rec.ir)
+    if not supports_chunk_backward(rec.ir)[0]:
+        pytest.skip(f"{name}: no chunked backward (its recurrent backward has no buffers of a plan)")
+    bp = build_backward_plan(build_plan(ir, 64, 16))
+    mod = load_chunk(rec.ir)
+    B, T, H, HV, DK, DV = 2, 150, 2, 4, 48, 40
+    x = rec.random_inputs(B=B, T=T, H=H, dk=DK, dv=DV, HV=HV, dtype=torch.float32, seed=0)
+    x = {k: v.to(torch.bfloat16) for k, v in x.items()}
+    seen = {}
+    launch_backward = mod._launch_backward
+
+    def record(run, kernels, make, results, alloc, hooks=None):  # noqa: ANN001, ANN202
+        seen.update(make=dict(make), run=run, used={a for k in kernels for a in mod._args_of(k)})
+        return launch_backward(run, kernels, make, results, alloc, hooks)
+
+    mod._launch_backward = record
+    try:
+        _launched(mod, lambda: mod.chunk_backward(x, do=torch.randn(B, T, HV, DV).to(torch.bfloat16)))
+    finally:
+        mod._launch_backward = launch_backward
+    make, run = seen["make"], seen["run"]
+    TT, NT, N = B * T, run.NT, B
+    blocks = {"bwd_grads": run.nkg, "bwd_curvature_query": run.nkc, "bwd_precond_diag": run.nkp}
+    size = {"B": 1, "T": TT, "N": N, "NT": NT, "H": H, "HV": HV, "dk": DK, "dv": DV, "C": 64}
+    want: dict = {}
+    for st in bp.stages:
+        for o in st.outputs:
+            if o.name.startswith("grad_") or st.kind == "bwd_curvature_sums":
+                continue
+            buf = BWD_BUFFER_OF.get((st.kind, o.name)) or f"apre_{o.name.removeprefix('dpre_')}_buf"
+            dims = list(o.dims)
+            if dims[1] == "NT" and dims[-2:] == ["C", "C"]:
+                dims = ["T", *dims[2:-1]]  # a c×c matrix is stored by token rows
+            numel = blocks[st.kind] if o.name in st.attr("partial_sums", ()) else 1
+            for d in dims:
+                numel *= size[d]
+            entry = (numel, torch.float32 if o.dtype == "fp32" else torch.bfloat16)
+            assert want.setdefault(buf, entry) == entry, (name, buf, st.kind, o.name)
+    if "bwd_curvature_sums" in bp.kinds():
+        want.update(mod._curvature_sums(NT, N, H, DK))
+    have = {n: v for n, v in make.items() if not n.startswith("dx_")}
+    assert have == want, {k: (have.get(k), want.get(k)) for k in set(have) | set(want) if have.get(k) != want.get(k)}
+    assert sorted(n for n in make if n.startswith("dx_")) == sorted(f"dx_{n}" for n in mod._INPUTS)  # kernel inputs
+    idle = sorted(set(make) - seen["used"])
+    assert not idle, f"{name}: in the backward's table, named by no launched kernel: {idle}"

@@ -2148,36 +2148,34 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
     bufs["ds_fin"] = fin("S")
-    # The backward's own buffers, name -> (numel, dtype): _launch_backward allocates each right before the first
-    # kernel that names it and drops it after the last one, so that a phase's buffers take what the earlier
-    # phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads).
+    # The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
+    # (codegen/buffers.py: backward_buffers): _launch_backward allocates each right before the first kernel that
+    # names it and drops it after the last one, so that a phase's buffers take what the earlier phases freed
+    # (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads). Partial sums
+    # hold one row of tokens per block of key channels (run.nkg, run.nkc, run.nkp; codegen/address.py: partial_row).
     fp32 = torch.float32
-    make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
-            "ds0": (N * HV * DK * DV, fp32)}
-    # per-channel decay: the score gradients (fp32 [T, HV, BT]) go to bwd_intra, which leaves the pairs' shares
-    # of the chunk-operand adjoints for bwd_grads
-    make["dsq_buf"] = (TT * HV * BT, fp32)
-    for n in ("pq_buf", "pa_buf"):
-        make[n] = (TT * HV * DK, fp32)
-    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
-    for n in ("aq_buf", "aa_buf", ):
-        make[n] = (TT * HV * DK, fp32)
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra's share of db, then bwd_grads' dg
-    # the curvature read's backward: the sums are per key head, so are the shares of q and k it adds (bwd_inputs adds
-    # them to the group's first value head); dλ arrives as one partial sum per column block of bwd_curvature_query
-    make["aqc_buf"] = (TT * H * DK, fp32)
-    make["akc_buf"] = (TT * H * DK, fp32)
-    make["alam_buf"] = (run.nkc * TT * HV, fp32)  # [HV, NKC, T] (codegen/address.py: partial_row)
-    # from the forward-direction pass to the reverse one: S = Σ_hv (λ_hv/τ) dq̂_hv as two input-dtype halves, hi + lo
-    make["sh_buf"] = (TT * H * DK, dt)
-    make["sl_buf"] = (TT * H * DK, dt)
-    make["ms_buf"] = (TT * H, fp32)  # and mᵀS per token
+    make = {}
+    make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
+    make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
+    make["du_buf"] = (TT * HV * DV, dt)  # bwd_local_values.dU
+    make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
+    make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
+    make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair, bwd_grads.dg
+    make["aq_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dqp
+    make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
+    make["aqc_buf"] = (TT * H * DK, fp32)  # bwd_curvature_query.dq_c
+    make["alam_buf"] = (run.nkc * TT * HV, fp32)  # bwd_curvature_query.dlam
+    make["sh_buf"] = (TT * H * DK, dt)  # bwd_curvature_query.S_hi
+    make["sl_buf"] = (TT * H * DK, dt)  # bwd_curvature_query.S_lo
+    make["ms_buf"] = (TT * H, fp32)  # bwd_curvature_query.ms
+    make["dn_buf"] = (NT * H * DK * DK, fp32)  # bwd_curvature_carry.Dn_b
+    make["dmc_buf"] = (NT * H * DK, fp32)  # bwd_curvature_carry.dmc_b
+    make["dc0"] = (N * H * DK * DK, fp32)  # bwd_curvature_carry.dC0
+    make["dm0"] = (N * H * DK, fp32)  # bwd_curvature_carry.dm0
+    make["akc_buf"] = (TT * H * DK, fp32)  # bwd_curvature_key.dk_c
     bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")
-    make["dc0"] = (N * H * DK * DK, fp32)
-    make["dm0"] = (N * H * DK, fp32)
     make.update(_curvature_sums(NT, N, H, DK))  # formed again by bwd_curvature_sums, right before bwd_curvature_query
-    make["dn_buf"] = (NT * H * DK * DK, fp32)  # the sums' adjoint carry D at every chunk (bwd_curvature_carry)
-    make["dmc_buf"] = (NT * H * DK, fp32)  # and dm_c
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

@@ -1725,22 +1725,22 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
     bufs["ds_fin"] = fin("S")
-    # The backward's own buffers, name -> (numel, dtype): _launch_backward allocates each right before the first
-    # kernel that names it and drops it after the last one, so that a phase's buffers take what the earlier
-    # phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads).
+    # The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
+    # (codegen/buffers.py: backward_buffers): _launch_backward allocates each right before the first kernel that
+    # names it and drops it after the last one, so that a phase's buffers take what the earlier phases freed
+    # (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads). Partial sums
+    # hold one row of tokens per block of key channels (run.nkg, run.nkc, run.nkp; codegen/address.py: partial_row).
     fp32 = torch.float32
-    make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
-            "ds0": (N * HV * DK * DV, fp32)}
-    # bwd_solve's adjoints for bwd_grads: dY, the pair gradients dS, dL' ([T, HV, BT] in the input dtype, which
-    # the pair products round them to), the per-token c×c shares of dβ (fp32)
-    make["dy_buf"] = (TT * HV * DV, dt)  # dY = Aiᵀ dU, which bwd_grads' products read in the input dtype
-    make["dsg_buf"] = (TT * HV * BT, dt)
-    make["dlg_buf"] = (TT * HV * BT, dt)
-    make["dbc_buf"] = (TT * HV, fp32)
-    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
-    for n in ():
-        make[n] = (TT * HV * DK, fp32)
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # a partial sum per block of bwd_grads' key channels, [HV, NKG, T]
+    make = {}
+    make["dul_buf"] = (TT * HV * DV, fp32)  # bwd_local_values.dUl
+    make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
+    make["du_buf"] = (TT * HV * DV, dt)  # bwd_state_pass.dU
+    make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
+    make["dy_buf"] = (TT * HV * DV, dt)  # bwd_solve.dY
+    make["dsg_buf"] = (TT * HV * BT, dt)  # bwd_solve.dSg
+    make["dlg_buf"] = (TT * HV * BT, dt)  # bwd_solve.dLg
+    make["dbc_buf"] = (TT * HV, fp32)  # bwd_solve.dbeta_c
+    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # bwd_grads.dbeta
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)

@@ -1382,25 +1382,26 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
     bufs["ds_fin"] = fin("S")
-    # The backward's own buffers, name -> (numel, dtype): _launch_backward allocates each right before the first
-    # kernel that names it and drops it after the last one, so that a phase's buffers take what the earlier
-    # phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads).
+    # The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
+    # (codegen/buffers.py: backward_buffers): _launch_backward allocates each right before the first kernel that
+    # names it and drops it after the last one, so that a phase's buffers take what the earlier phases freed
+    # (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads). Partial sums
+    # hold one row of tokens per block of key channels (run.nkg, run.nkc, run.nkp; codegen/address.py: partial_row).
     fp32 = torch.float32
-    make = {"dul_buf": (TT * HV * DV, fp32), "dh_buf": (NT * HV * DK * DV, dt), "du_buf": (TT * HV * DV, dt),
-            "ds0": (N * HV * DK * DV, fp32)}
-    # the fp32 adjoints of the chunk operands that bwd_inputs reads (the plan's stored adjoints)
-    for n in ("aq_buf", "aa_buf", ):
-        make[n] = (TT * HV * DK, fp32)
-    make["az_buf"] = (TT * HV * DV, fp32)
-    # the exact preconditioner's backward: per-token key adjoint and 2 sym(Ψ_t) k_t, per key head; per chunk the Gram
-    # adjoint's share and the antisymmetric share of dP_0
+    make = {}
+    make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
+    make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
+    make["du_buf"] = (TT * HV * DV, dt)  # bwd_local_values.dU
+    make["aq_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dqp
+    make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
+    make["az_buf"] = (TT * HV * DV, fp32)  # bwd_grads.dz
+    make["akx_buf"] = (TT * H * DK, fp32)  # bwd_precond_exact.dk_x, bwd_precond_gram.dk_g
+    make["aqx_buf"] = (TT * H * DK, fp32)  # bwd_precond_exact.dq_x
+    make["wx_buf"] = (TT * H * DK, fp32)  # bwd_precond_exact.u_x
+    make["ge_buf"] = (NT * H * DK * DK, fp32)  # bwd_precond_exact.dGc
+    make["ga_buf"] = (NT * H * DK * DK, fp32)  # bwd_precond_exact.dPa
+    make["dp0"] = (N * H * DK * DK, fp32)  # bwd_precond_gram.dP0
     bufs["dp_fin"] = fin("P")
-    make["dp0"] = (N * H * DK * DK, fp32)
-    make["akx_buf"] = (TT * H * DK, fp32)
-    make["wx_buf"] = (TT * H * DK, fp32)
-    make["aqx_buf"] = (TT * H * DK, fp32)
-    make["ge_buf"] = (NT * H * DK * DK, fp32)
-    make["ga_buf"] = (NT * H * DK * DK, fp32)
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
