@@ -5,7 +5,12 @@
 # pgdn / gdn ~1.55x, pkda / kda ~1.30x; gdn's step unchanged by the dβ / db row layout (<= 0.01 ms).
 #   scalar:  GPU checks of pgdn / pkda, the scalar FLA systems with profiles and accuracy, the scalar variants.
 #   vector:  the vector FLA systems with profiles, then the vector variants (pkda, ccq_gla, ...).
-# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector   (writes under $OUT)
+#   tune:    pkda's bwd_intra (untied keys: 223 registers at the shipped BK 32 / 2 warps against kda's 168, 1.548 ms
+#            against kda's 1.098 on the H100, run 98). Compile report (sm_90, dk = 128): BK 16 / 2 warps 168, BK 32 /
+#            4 warps 106, BK 64 / 4 warps 168, all without spill. Prediction: one of them within 1.2-1.4 ms on the
+#            H100 scale (more resident programs), i.e. pkda -0.15 to -0.3 ms; kda's own sweep (run 22) had 4 warps
+#            slower at BK 32, so a miss is possible.
+# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|tune   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -23,6 +28,10 @@ vector)
   timeout 300 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
       --json $OUT/run99_vector_variants.json 2>&1 | q | grep "^variants"
   ;;
-*) echo "usage: $0 scalar|vector"; exit 2 ;;
+tune)
+  timeout 200 python3 benchmarks/tune.py pkda --stages bwd_intra --configs 32,128,2,1 16,128,2,1 32,128,4,1 64,128,4,1 \
+      16,128,4,1 --json $OUT/run99_tune_pkda_intra.json 2>&1 | q | tail -3
+  ;;
+*) echo "usage: $0 scalar|vector|tune"; exit 2 ;;
 esac
 echo "== done"
