@@ -5,11 +5,11 @@
 # pgdn / gdn ~1.55x, pkda / kda ~1.30x; gdn's step unchanged by the dβ / db row layout (<= 0.01 ms).
 #   scalar:  GPU checks of pgdn / pkda, the scalar FLA systems with profiles and accuracy, the scalar variants.
 #   vector:  the vector FLA systems with profiles, then the vector variants (pkda, ccq_gla, ...).
-#   tune:    pkda's bwd_intra (untied keys: 223 registers at the shipped BK 32 / 2 warps against kda's 168, 1.548 ms
-#            against kda's 1.098 on the H100, run 98). Compile report (sm_90, dk = 128): BK 16 / 2 warps 168, BK 32 /
-#            4 warps 106, BK 64 / 4 warps 168, all without spill. Prediction: one of them within 1.2-1.4 ms on the
-#            H100 scale (more resident programs), i.e. pkda -0.15 to -0.3 ms; kda's own sweep (run 22) had 4 warps
-#            slower at BK 32, so a miss is possible.
+#   tune:    pkda's bwd_intra. Its untied erase key is now loaded again where it is read instead of held across the
+#            sub-block loop (4a-): compile report (sm_90, dk = 128, BK 32 / 2 warps) 223 -> 168 registers, kda's count.
+#            Prediction: pkda's bwd_intra from ~1.41x kda's (1.548 / 1.098 ms, H100 run 98) to ~1.1-1.15x kda's in the
+#            variants' profile (it still does the dE pairs), pkda / kda 1.31x -> ~1.24x. The sweep: BK 16 / 2 warps
+#            (168), BK 32 / 4 warps, BK 64 / 4 warps, BK 16 / 4 warps around the shipped BK 32 / 2 warps.
 # Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|tune   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
