@@ -157,13 +157,20 @@ def variant_spec(name: str) -> str:
     return "\n".join(lines).replace(f"recurrence {base}", f"recurrence {name}", 1) + "\n"
 
 
-def fwd_bwd(fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor) -> Callable[[], None]:
+def fwd_bwd(fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor,
+            dr: torch.Tensor | None = None) -> Callable[[], None]:
+    """One training step: forward, then backward from `do` (and, where `fn` also returns the route output the next
+    layer reads, from its gradient `dr`, so that the route's backward is timed as a stack runs it)."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
 
     def step() -> None:
         for t in leaves.values():
             t.grad = None
-        fn(leaves).backward(do)
+        out = fn(leaves)
+        if dr is None:
+            out.backward(do)
+        else:
+            torch.autograd.backward(list(out), [do, dr])
 
     return step
 
@@ -434,7 +441,12 @@ def main() -> int:
                 pkg = dgps.compile(rec)
                 x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device="cuda")
                 do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
-                steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
+                if rec.ir.route != "none":  # CLER: the loss reads the route r too (a zero dR was a fill, not a read)
+                    dr = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+                    steps[spec] = fwd_bwd(lambda xx, pkg=pkg: (lambda out: (out.o, out.route))(pkg.forward(**xx)),
+                                          x, do, dr)
+                else:
+                    steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
                 steps[spec]()
             result["variants_fwdbwd_ms"].update(interleaved(steps, args.reps))
             if args.profile:  # where each variant's extra time goes, per kernel
