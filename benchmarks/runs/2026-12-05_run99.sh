@@ -10,7 +10,10 @@
 #            Prediction: pkda's bwd_intra from ~1.41x kda's (1.548 / 1.098 ms, H100 run 98) to ~1.1-1.15x kda's in the
 #            variants' profile (it still does the dE pairs), pkda / kda 1.31x -> ~1.24x. The sweep: BK 16 / 2 warps
 #            (168), BK 32 / 4 warps, BK 64 / 4 warps, BK 16 / 4 warps around the shipped BK 32 / 2 warps.
-# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|tune   (writes under $OUT)
+#   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
+#            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
+#            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
+# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|tune|fault   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -32,6 +35,12 @@ tune)
   timeout 200 python3 benchmarks/tune.py pkda --stages bwd_intra --configs 32,128,2,1 16,128,2,1 32,128,4,1 64,128,4,1 \
       16,128,4,1 --json $OUT/run99_tune_pkda_intra.json 2>&1 | q | tail -3
   ;;
-*) echo "usage: $0 scalar|vector|tune"; exit 2 ;;
+fault)
+  timeout 120 python3 benchmarks/launch_fault.py ccq_gdn --launch "bwd_curvature_query=64,32,4,1" 2>&1 | q | tail -4
+  timeout 300 compute-sanitizer --tool memcheck --print-limit 4 python3 benchmarks/launch_fault.py ccq_gdn \
+      --launch "bwd_curvature_query=64,32,4,1" > $OUT/run99_fault_memcheck.txt 2>&1
+  grep -v -i warn $OUT/run99_fault_memcheck.txt | head -60
+  ;;
+*) echo "usage: $0 scalar|vector|tune|fault"; exit 2 ;;
 esac
 echo "== done"
