@@ -10,6 +10,8 @@
 #            Prediction: pkda's bwd_intra from ~1.41x kda's (1.548 / 1.098 ms, H100 run 98) to ~1.1-1.15x kda's in the
 #            variants' profile (it still does the dE pairs), pkda / kda 1.31x -> ~1.24x. The sweep: BK 16 / 2 warps
 #            (168), BK 32 / 4 warps, BK 64 / 4 warps, BK 16 / 4 warps around the shipped BK 32 / 2 warps.
+#            And pkda's bwd_grads (shipped BK 64 / 8 warps, 255 registers; never timed for pkda): BK 32 / 4 warps (255
+#            + 32 B spill, kda's setting) and BK 32 / 8 warps (172, none). Prediction: within 5 % of each other.
 #   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
 #            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
 #            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
@@ -34,6 +36,8 @@ vector)
 tune)
   timeout 200 python3 benchmarks/tune.py pkda --stages bwd_intra --configs 32,128,2,1 16,128,2,1 32,128,4,1 64,128,4,1 \
       16,128,4,1 --json $OUT/run99_tune_pkda_intra.json 2>&1 | q | tail -3
+  timeout 150 python3 benchmarks/tune.py pkda --stages bwd_grads --configs 64,64,8,1 32,64,4,1 32,64,8,1 \
+      --json $OUT/run99_tune_pkda_grads.json 2>&1 | q | tail -3
   ;;
 fault)
   timeout 120 python3 benchmarks/launch_fault.py ccq_gdn --launch "bwd_curvature_query=64,32,4,1" 2>&1 | q | tail -4
