@@ -1281,8 +1281,6 @@ def chunk_bwd_grad_kernel(
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
     _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
-    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     last = t0 + tl.minimum(eos - t0, BT) - 1
     b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
@@ -1304,6 +1302,10 @@ def chunk_bwd_grad_kernel(
     b_das = b_das * b_ecb
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da = b_das + tl.load(pa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
+    # the erase key's tile is loaded where it is first read, after dq̂'s store (pkda at dk = 128: BK 32 / 4 warps
+    # 255 registers and no spill, 32 B loaded with the others)
+    _b_e_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
     b_ef = b_e * b_eb
     # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_scores
     b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.) - \
