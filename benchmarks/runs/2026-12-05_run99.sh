@@ -11,7 +11,8 @@
 #            variants' profile (it still does the dE pairs), pkda / kda 1.31x -> ~1.24x. The sweep: BK 16 / 2 warps
 #            (168), BK 32 / 4 warps, BK 64 / 4 warps, BK 16 / 4 warps around the shipped BK 32 / 2 warps.
 #            And pkda's bwd_grads (shipped BK 64 / 8 warps, 255 registers; never timed for pkda): BK 32 / 4 warps (255
-#            + 32 B spill, kda's setting) and BK 32 / 8 warps (172, none). Prediction: within 5 % of each other.
+#            registers, no spill since the erase key loads late; kda's setting) and BK 32 / 8 warps (172, none). Prediction: BK 32 /
+#            4 warps fastest by ~3 % (kda's run 20 order).
 #   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
 #            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
 #            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
