@@ -13,6 +13,9 @@
 #            And pkda's bwd_grads (shipped BK 64 / 8 warps, 255 registers; never timed for pkda): BK 32 / 4 warps (255
 #            registers, no spill since the erase key loads late; kda's setting) and BK 32 / 8 warps (172, none). Prediction: BK 32 /
 #            4 warps fastest by ~3 % (kda's run 20 order).
+#            gdn's and pgdn's bwd_key_grads at BK 32 / 4 warps (compile report: gdn 178, pgdn 198 registers, no spill;
+#            never timed) against the shipped BK 64 / 4 warps (255 + 32 B / 128 B spill): twice the value-side and c×c
+#            loads for more resident programs. Prediction: within ±10 %, sign unknown.
 #   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
 #            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
 #            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
@@ -39,6 +42,10 @@ tune)
       16,128,4,1 --json $OUT/run99_tune_pkda_intra.json 2>&1 | q | tail -3
   timeout 150 python3 benchmarks/tune.py pkda --stages bwd_grads --configs 64,64,8,1 32,64,4,1 32,64,8,1 \
       --json $OUT/run99_tune_pkda_grads.json 2>&1 | q | tail -3
+  for s in gdn pgdn; do
+    timeout 100 python3 benchmarks/tune.py $s --stages bwd_key_grads --configs 64,64,4,1 32,64,4,1 \
+        --json $OUT/run99_tune_${s}_kg.json 2>&1 | q | tail -2
+  done
   ;;
 fault)
   timeout 120 python3 benchmarks/launch_fault.py ccq_gdn --launch "bwd_curvature_query=64,32,4,1" 2>&1 | q | tail -4
