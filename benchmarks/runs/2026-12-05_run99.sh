@@ -5,6 +5,9 @@
 # pgdn / gdn ~1.55x, pkda / kda ~1.30x; gdn's step unchanged by the dβ / db row layout (<= 0.01 ms).
 #   scalar:  GPU checks of pgdn / pkda, the scalar FLA systems with profiles and accuracy, the scalar variants.
 #   vector:  the vector FLA systems with profiles, then the vector variants (pkda, ccq_gla, ...).
+#   variants: (no H200 lent: on an H100) GPU checks of pgdn / pkda, then the scalar and the vector variants with profiles
+#            (the untimed changes: pkda's late erase key, every partial sum in [heads, blocks, T] rows, CLER's step
+#            with a route gradient).
 #   tune:    pkda's bwd_intra. Its untied erase key is now loaded again where it is read instead of held across the
 #            sub-block loop (4a-): compile report (sm_90, dk = 128, BK 32 / 2 warps) 223 -> 168 registers, kda's count.
 #            Prediction: pkda's bwd_intra from ~1.41x kda's (1.548 / 1.098 ms, H100 run 98) to ~1.1-1.15x kda's in the
@@ -19,7 +22,7 @@
 #   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
 #            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
 #            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
-# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|tune|fault   (writes under $OUT)
+# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|variants|tune|fault   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -35,6 +38,13 @@ vector)
   timeout 250 python3 benchmarks/bench_fla.py --systems gla kda gdn2 precond_kda dplr --reps 5 --profile \
       --json $OUT/run99_vector.json 2>&1 | q | tail -8
   timeout 300 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
+      --json $OUT/run99_vector_variants.json 2>&1 | q | grep "^variants"
+  ;;
+variants)
+  timeout 100 python3 benchmarks/check_gpu_grads.py --systems pgdn pkda --dtype bf16 2>&1 | q | tail -3
+  timeout 200 python3 benchmarks/bench_fla.py --systems --variants scalar --reps 5 --profile \
+      --json $OUT/run99_scalar_variants.json 2>&1 | q | grep "^variants"
+  timeout 260 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
       --json $OUT/run99_vector_variants.json 2>&1 | q | grep "^variants"
   ;;
 tune)
@@ -53,6 +63,6 @@ fault)
       --launch "bwd_curvature_query=64,32,4,1" > $OUT/run99_fault_memcheck.txt 2>&1
   grep -v -i warn $OUT/run99_fault_memcheck.txt | head -60
   ;;
-*) echo "usage: $0 scalar|vector|tune|fault"; exit 2 ;;
+*) echo "usage: $0 scalar|vector|variants|tune|fault"; exit 2 ;;
 esac
 echo "== done"
