@@ -33,12 +33,13 @@ def few_state_programs(n_state: int | None, DV: int, BV: int = 32) -> bool:
 
 
 def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
-                 n_state: int | None = None, precond: str = "none") -> tuple[int, int, int, int]:
+                 n_state: int | None = None, precond: str = "none", gain: str = "none") -> tuple[int, int, int, int]:
     """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
     tied, untied: compiler/plan.py) and a route (none, residual), which pick the stage's template and its tiles.
     n_state: the sequences × value heads of the call (the state passes' programs per value block), None where the
     call is not known (the printed table): taken as enough to fill the GPU. precond: the preconditioner's kind
-    (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes).
+    (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes). gain: the write's
+    gain kind (none, scalar, vector: a key-channel gain, gdn2's b, makes the erase key a product of two tiles).
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -176,9 +177,16 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 128, sm_90) BV 64 / 4 warps 255 registers + 64 B spill, BV 32 / 4 warps 206 / 0 (not yet timed)
         return bk_block, (min(32, bv_full) if route == "residual" else bv_full), 4, 1
     if name == "bwd_intra":
-        # one program per 16-token row block and 32 key channels. H200, kda (benchmarks/tune.py, run 22): BK 32 / 2 warps
-        # 1.50 ms, BK 64 / 4 warps / 2 stages 1.49, BK 32 / 4 warps 1.67 (stages change nothing); 152 registers, no spill
-        return min(32, BK), bv_full, 2, 1
+        # one program per 16-token row block and 64 key channels. H200, kda (benchmarks/tune.py, run 22): BK 32 / 2 warps
+        # 1.50 ms, BK 64 / 4 warps / 2 stages 1.49, BK 32 / 4 warps 1.67 (stages change nothing); 152 registers, no
+        # spill. H100 (run 99, since the diagonal blocks' products and pkda's late erase key): kda BK 64 / 2 warps
+        # 0.912 ms, BK 64 / 4 warps 1.047, BK 32 / 2 warps 1.107; pkda 1.083 / 1.130 / 1.216 (BK 16 / 2 warps 2.169).
+        # Compile report at BK 64 / 2 warps (sm_90, dk = 128): kda, pkda, cler_h_kda, clvr_kda 255 registers, gla and
+        # ccq_gla 254, no spill; gdn2 (erase key b ⊙ k) 255 + 16 B spill (BK 64 / 4 warps 168 + 8 B): it stays at
+        # BK 32 / 2 warps (212, none)
+        if gain == "vector":
+            return min(32, BK), bv_full, 2, 1
+        return min(64, BK), bv_full, 2, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1
     if name == "bwd_solve":
@@ -288,13 +296,13 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
 
 
 def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str,
-                    precond: str = "none") -> str:
+                    precond: str = "none", gain: str = "none") -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
     lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides; few: a call with few "
              "sequences × value heads)"]
     for name in stages:
-        cfg = table_launch(name, DK, DV, decay, family, route, precond=precond)
-        few = table_launch(name, DK, DV, decay, family, route, n_state=1, precond=precond)
+        cfg = table_launch(name, DK, DV, decay, family, route, precond=precond, gain=gain)
+        few = table_launch(name, DK, DV, decay, family, route, n_state=1, precond=precond, gain=gain)
         line = f"    {name:<20} BK={cfg[0]:<4} BV={cfg[1]:<4} warps={cfg[2]} stages={cfg[3]}"
         if few != cfg:
             line += f"   few: BK={few[0]} BV={few[1]} warps={few[2]} stages={few[3]}"
