@@ -87,6 +87,7 @@ from ..compiler.plan import (
     build_backward_plan,
     build_plan,
     cp_stages,
+    direct_gate_input,
     gate_gradient,
     launch_of,
     precond_shares,
@@ -397,7 +398,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
         raise NotImplementedError("the chunk plan has no chunked backward for this family")
     fused = plan.elementwise_grads
     rl = _roles(plan, ir)
-    grad_code, parts = _input_grad_code(ir, em, rl, plan, skip=fused)
+    direct = direct_gate_input(plan)  # bwd_grads stores the log gate's input gradient itself
+    grad_code, parts = _input_grad_code(ir, em, rl, plan, skip=fused + ((direct,) if direct else ()))
     stored = stored_adjoints(plan)
     # the templates keep no per-channel path without these stages
     if (plan.structure.decay == "vector") != ("bwd_intra" in bplan.kinds()):
@@ -429,6 +431,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
                 fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=split),
                 precond_code=_precond_backward_code(ir, em, plan),
+                direct_gate=direct,
                 backward_buffer_code=make_code(backward_buffers(bplan)))
 
 
@@ -740,7 +743,7 @@ def _context(ir: IR) -> dict:
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
                    tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None,
-                   precond_code=("", ""), backward_buffer_code="")
+                   precond_code=("", ""), backward_buffer_code="", direct_gate=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)

@@ -139,9 +139,10 @@ class Decay:
         Σ_j a_j ⊙ da^state_j + e^{b_c} Σ_v H ⊙ dH; OMIT without a decay."""
         return OMIT
 
-    def store_gate_grad(self, rows: str, indent: int) -> str:
-        """b_end added at the chunk's last row, then dg = the reverse cumsum of db stored to ag_buf; OMIT without a
-        decay."""
+    def store_gate_grad(self, rows: str, indent: int, direct: str | None = None) -> str:
+        """b_end added at the chunk's last row, then dg = the reverse cumsum of db stored to ag_buf (or, `direct`
+        naming the gate's input, as that input's gradient dx_<direct> in its dtype: compiler/plan.py
+        direct_gate_input); OMIT without a decay."""
         return OMIT
 
 
@@ -186,8 +187,9 @@ class ScalarDecay(Decay):
         return _lines(["b_das = b_das * b_ecb", self.gate_share("-", "b_a * b_das"),
                        "b_end = tl.sum(tl.sum(b_a * b_das, 1), 0) + tl.exp2(b_gl) * tl.sum(b_dhc, 0)"], indent)
 
-    def store_gate_grad(self, rows: str, indent: int) -> str:
+    def store_gate_grad(self, rows: str, indent: int, direct: str | None = None) -> str:
         # one partial sum per key block (i_k), which bwd_inputs adds in a fixed order
+        assert direct is None, "a scalar gate's gradient sums over key blocks: bwd_inputs stores it"
         if not self.gate_gradient:
             return OMIT
         return _lines(["b_db = tl.where(rows == last, b_db + b_end, b_db)",
@@ -233,13 +235,16 @@ class VectorDecay(Decay):
 
     def end_share(self, indent: int) -> str:
         # a's own share (b_db −= a ⊙ da^state, a tile per channel) is taken in store_gate_grad, after da's store
+        # (taken here instead, gdn2's bwd_grads spills 8 B: compile report, sm_90, dk = 128)
         return _lines(["b_das = b_das * b_ecb", "b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc"], indent)
 
-    def store_gate_grad(self, rows: str, indent: int) -> str:
+    def store_gate_grad(self, rows: str, indent: int, direct: str | None = None) -> str:
         return _lines([self.gate_share("-", "b_a * b_das"),
                        "b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)",
                        "b_db = tl.where(m_rk, b_db, 0.)",
                        "b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db",
+                       f"tl.store(dx_{direct} + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
+                       f"_cast_for(b_dg, dx_{direct}, DT_ID), mask=m_rk)" if direct else
                        f"tl.store(ag_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, b_dg, mask=m_rk)"], indent)
 
 

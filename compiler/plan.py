@@ -1034,6 +1034,26 @@ def gate_gradient(p: Plan) -> bool:
     return any(x.name in names for x in getattr(p.role("g"), "free_symbols", ()))
 
 
+def direct_gate_input(p: Plan) -> str | None:
+    """The input whose gradient bwd_grads stores itself because it is the log gate's: a per-channel decay (tied or
+    additive family) whose log gate is one key-channel token input that nothing else reads and that is not
+    normalised. One block of key channels holds that adjoint whole (the gate's cumsum runs within the chunk, channel
+    by channel), so its fp32 [T, HV, dk] tile need not go to memory for bwd_inputs to read back and cast: kda's
+    bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Not under a diagonal
+    preconditioner: pkda's bwd_grads holds k̃ and two key adjoints at 255 registers, and the store there spills 16 B
+    (compile report, sm_90, dk = 128)."""
+    if p.structure.decay != "vector" or p.family == "untied" or p.structure.precond == "diag":
+        return None
+    g = p.role("g")
+    if not getattr(g, "is_Symbol", False):
+        return None
+    d = next((o for o in p.inputs if o.name == g.name), None)
+    if d is None or d.dims[:2] != ("B", "T") or d.dims[-1] != "dk" or d.name in p.structure.normalize:
+        return None
+    others = {x.name for n, e in p.roles if n != "g" for x in getattr(e, "free_symbols", ())}
+    return None if d.name in others else d.name
+
+
 def _bwd_solve(p: Plan) -> Stage | None:
     # Once per chunk and head, over the value channels: everything bwd_grads needs that is a c×c product or a sum over
     # all the key channels. dY and the decayed pair gradients go to memory in the input dtype (bwd_grads' products
@@ -1094,7 +1114,10 @@ def _bwd_grads(p: Plan) -> Stage | None:
     if delta or p.structure.gain != "none":  # the additive family without a gain has no β to differentiate
         outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     grads = gate_gradient(p)
-    if grads:
+    direct = direct_gate_input(p)
+    if direct:  # the log gate's input gradient, stored here in the input dtype (direct_gate_input)
+        outs.append(Operand(f"grad_{direct}", "[B,T,HV,dk]", "in"))
+    elif grads:
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
     # per-token sums over the key channels, which each block of them leaves as a partial (codegen/address.py)
     partials = [o.name for o in outs if o.dims == ("B", "T", "HV")]
@@ -1110,10 +1133,10 @@ def _bwd_grads(p: Plan) -> Stage | None:
     attrs: tuple[tuple[str, Any], ...] = (("form", form), ("reads", reads))
     if partials:
         attrs += (("partial_sums", tuple(partials)),)
-    if mine:
+    if mine or direct:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
-        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine)),)
+        attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine + ([direct] if direct else []))),)
     ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
         (("dR",) if p.structure.route != "none" and not split else ())
     if vec:
@@ -1270,7 +1293,7 @@ def _bwd_inputs(p: Plan) -> Stage | None:
            for o in st.outputs if o.dims[0] == "B" and not o.name.startswith("grad_") and o.name not in inner]
     states = {name for name, _ in _STATE_OPERANDS.values()}
     outs = tuple(Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs
-                 if o.name not in states and o.name not in p.elementwise_grads)
+                 if o.name not in states and o.name not in p.elementwise_grads and o.name != direct_gate_input(p))
     if not outs:
         return None  # bwd_grads finished every gradient
     return Stage("bwd_inputs", "bwd_inputs", tuple(adj), outs,

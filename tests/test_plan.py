@@ -11,12 +11,23 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+import sympy as sp
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dgps.compiler.ir import kernel_ir
-from dgps.compiler.plan import Plan, PlanTypeError, Stage, build_backward_plan, build_plan, format_plan, plan_to_dot, typecheck
+from dgps.compiler.plan import (
+    Plan,
+    PlanTypeError,
+    Stage,
+    build_backward_plan,
+    build_plan,
+    direct_gate_input,
+    format_plan,
+    plan_to_dot,
+    typecheck,
+)
 from dgps.runtime.api import Recurrence, load
 from dgps.runtime.interpret import decayed_scores, exact_precond_backward, run_plan, untied_chunk_backward
 from dgps.runtime.reference import reference, state_shapes
@@ -475,8 +486,13 @@ def test_backward_plan(name):
     # the decayed keys: read only by the state passes, freed before the peak either way: kept, not relaunched
     assert ("decay_keys" in p.kinds()) == vector and "decay_keys" not in bp.recomputed
     assert ("decay_keys" in bp.kept) == vector
-    # bwd_inputs runs unless bwd_grads finished every gradient (elementwise chain rule: no L2 norm, gain or gate)
-    assert (kinds[-1] == "bwd_inputs") == (set(p.elementwise_grads) != {d.name for d in ir.inputs})
+    # bwd_inputs runs unless bwd_grads finished every gradient (elementwise chain rule: no L2 norm, gain or gate, but
+    # a per-channel log gate that is one input: compiler/plan.py direct_gate_input)
+    direct = direct_gate_input(p)
+    assert (direct is not None) == (vector and p.family != "untied" and ir.precond.kind != "diag"
+                                    and isinstance(p.role("g"), sp.Symbol))
+    done = set(p.elementwise_grads) | ({direct} if direct else set())
+    assert (kinds[-1] == "bwd_inputs") == (done != {d.name for d in ir.inputs})
     assert ("bwd_curvature_query" in kinds) == ("bwd_curvature_key" in kinds) == (ir.read.kind == "curvature")
     if ir.read.kind == "curvature":  # C_n formed again, dq and dλ per chunk; the keys' adjoint carry in reverse, then dk
         i = kinds.index("bwd_curvature_sums")
@@ -492,7 +508,7 @@ def test_backward_plan(name):
     assert sorted(grads) == sorted(f"grad_{d.name}" for d in kernel_ir(ir).inputs)  # each gradient from exactly one stage
     # the elementwise chain rule where the adjoints are formed: bwd_grads, and bwd_solve for the value side
     fused = [o.name for st in bp.stages[2:3 + len(intra)] for o in st.outputs if o.name.startswith("grad_")]
-    assert sorted(fused) == sorted(f"grad_{n}" for n in p.elementwise_grads)
+    assert sorted(fused) == sorted(f"grad_{n}" for n in done)
     if "bwd_solve" in kinds:
         solve = bp.stages[kinds.index("bwd_solve")]
         assert all(o.dims[-1] == "dv" for o in solve.outputs if o.name.startswith("grad_") or o.name == "dz")

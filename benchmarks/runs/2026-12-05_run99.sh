@@ -8,6 +8,11 @@
 #   variants: (no H200 lent: on an H100) GPU checks of pgdn / pkda, then the scalar and the vector variants with profiles
 #            (the untimed changes: pkda's late erase key, every partial sum in [heads, blocks, T] rows, CLER's step
 #            with a route gradient).
+#   all:     one call for everything at one commit (after the direct gate gradient, 2nd half of the session): GPU
+#            checks of the vector specs, the scalar and vector FLA tables with accuracy, both variant families.
+#            Prediction for the direct gate gradient (bwd_grads stores the per-channel log gate's input gradient):
+#            kda's bwd_inputs 0.071 -> ~0.01 ms and its step -0.05 to -0.08 ms; gla, gdn2, ccq_gla, cler_h_kda,
+#            clvr_kda alike; pkda unchanged (not applied under a diagonal preconditioner).
 #   tune:    pkda's bwd_intra. Its untied erase key is now loaded again where it is read instead of held across the
 #            sub-block loop (4a-): compile report (sm_90, dk = 128, BK 32 / 2 warps) 223 -> 168 registers, kda's count.
 #            Prediction: pkda's bwd_intra from ~1.41x kda's (1.548 / 1.098 ms, H100 run 98) to ~1.1-1.15x kda's in the
@@ -22,7 +27,7 @@
 #   fault:   the curvature query's BV 32 fault (runs 88 / 97: "illegal memory access"; in bounds under the interpreter's
 #            checker, runtime/bounds.py): ccq_gdn at B1 T256 H2 D128 with bwd_curvature_query at BK 64 / BV 32 / 4 warps,
 #            first plain (does it fault at this shape?), then under compute-sanitizer memcheck (which instruction).
-# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|variants|tune|fault   (writes under $OUT)
+# Usage: bash benchmarks/runs/2026-12-05_run99.sh scalar|vector|variants|all|tune|fault   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -47,6 +52,15 @@ variants)
   timeout 260 python3 benchmarks/bench_fla.py --systems --variants vector --reps 3 --profile \
       --json $OUT/run99_vector_variants.json 2>&1 | q | grep "^variants"
   ;;
+all)
+  timeout 120 python3 benchmarks/check_gpu_grads.py --systems kda pkda gla gdn2 ccq_gla clvr_kda cler_h_kda pgdn \
+      --dtype bf16 2>&1 | q | tail -10
+  timeout 150 python3 benchmarks/bench_fla.py --reps 5 --profile --accuracy --json $OUT/run100_scalar.json 2>&1 | q | tail -6
+  timeout 150 python3 benchmarks/bench_fla.py --systems gla kda gdn2 precond_kda --reps 5 --profile --accuracy \
+      --json $OUT/run100_vector.json 2>&1 | q | tail -6
+  timeout 150 python3 benchmarks/bench_fla.py --systems --variants --reps 3 --profile \
+      --json $OUT/run100_variants.json 2>&1 | q | grep "^variants"
+  ;;
 tune)
   timeout 200 python3 benchmarks/tune.py pkda --stages bwd_intra --configs 32,128,2,1 16,128,2,1 32,128,4,1 64,128,4,1 \
       16,128,4,1 --json $OUT/run99_tune_pkda_intra.json 2>&1 | q | tail -3
@@ -63,6 +77,6 @@ fault)
       --launch "bwd_curvature_query=64,32,4,1" > $OUT/run99_fault_memcheck.txt 2>&1
   grep -v -i warn $OUT/run99_fault_memcheck.txt | head -60
   ;;
-*) echo "usage: $0 scalar|vector|variants|tune|fault"; exit 2 ;;
+*) echo "usage: $0 scalar|vector|variants|all|tune|fault"; exit 2 ;;
 esac
 echo "== done"

@@ -1058,8 +1058,8 @@ def chunk_bwd_intra_kernel(
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_v, g_buf, qh_buf, ql_buf, h_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v, pn_k,
-    cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    p_v, g_buf, qh_buf, ql_buf, h_buf, do_buf, dh_buf, du_buf, aq_buf, aa_buf, ag_buf, pq_buf, pa_buf, dx_v, dx_g,
+    pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -1130,7 +1130,7 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
+    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(b_dg, dx_g, DT_ID), mask=m_rk)
 # ---- backward stage bwd_curvature_query (docs/chunk_forms.md §4), chunk-parallel: per (chunk, key head, BV columns of C),
 #   with C_n as bwd_curvature_sums re-formed them, C_n as up to 2 [BK, BV] tiles of BK key rows. With
 #   G_hv = dq̂_hv and S = Σ_hv (λ_hv/τ) G_hv (per key head):
@@ -1359,13 +1359,13 @@ def chunk_bwd_curvature_key_kernel(
     tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
-#   Parts: q = q; lg = g; a = k; qc = q; kc = k; lam = lam
+#   Parts: q = q; a = k; qc = q; kc = k; lam = lam
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, aqc_buf, aq_buf, akc_buf, aa_buf, ag_buf, alam_buf, dx_q, dx_k, dx_g, dx_lam, cu_seqlens,
-    chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKC: tl.constexpr,
+    p_q, p_k, aqc_buf, aq_buf, akc_buf, aa_buf, alam_buf, dx_q, dx_k, dx_lam, cu_seqlens, chunk_indices, TT,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKC: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1385,7 +1385,6 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_a = tl.load(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_qc = tl.load(aqc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
     a_kc = tl.load(akc_buf + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=tl.where(i_hv % G == 0, m_rk, False), other=0.)
@@ -1411,10 +1410,6 @@ def chunk_bwd_inputs_kernel(
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d g
-    g_g = tl.zeros([BT, BK], dtype=tl.float32)
-    g_g += a_lg
-    tl.store(dx_g + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
     # d lam
     g_lam = tl.zeros([BT], dtype=tl.float32)
     g_lam += a_lam
@@ -1454,11 +1449,11 @@ _KERNEL_ARGS = {
     'chunk_bwd_local_values_kernel': ('s_buf', 'kg_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_scores_kernel': ('p_v', 'do_buf', 'dsq_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'ag_buf', 'dsq_buf', 'pq_buf', 'pa_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_v', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'dx_v', 'dx_g', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
     'chunk_bwd_curvature_carry_kernel': ('sh_buf', 'sl_buf', 'dn_buf', 'dc_fin', 'dc0', 'dm_fin', 'dm0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_curvature_key_kernel': ('sh_buf', 'dn_buf', 'dm_fin', 'akc_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'DK', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'ag_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aqc_buf', 'aq_buf', 'akc_buf', 'aa_buf', 'alam_buf', 'dx_q', 'dx_k', 'dx_lam', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -2105,7 +2100,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair, bwd_grads.dg
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
     make["aq_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dqp
     make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
     make["aqc_buf"] = (TT * H * DK, fp32)  # bwd_curvature_query.dq_c

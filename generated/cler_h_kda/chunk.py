@@ -1175,7 +1175,7 @@ def chunk_bwd_intra_kernel(
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dr_buf, dh_buf, du_buf, aq_buf, aa_buf, abeta_buf, ag_buf, dbc_buf,
-    pq_buf, pa_buf, dx_v, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
+    pq_buf, pa_buf, dx_v, dx_g, pn_q, pn_k, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
@@ -1266,16 +1266,16 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
+    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(b_dg, dx_g, DT_ID), mask=m_rk)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of q, k.
-#   Parts: q = q; lg = g; beta = beta; a = k
+#   Parts: q = q; beta = beta; a = k
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    p_q, p_k, aq_buf, aa_buf, abeta_buf, ag_buf, dx_q, dx_k, dx_g, dx_beta, cu_seqlens, chunk_indices, TT,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
+    p_q, p_k, aq_buf, aa_buf, abeta_buf, dx_q, dx_k, dx_beta, cu_seqlens, chunk_indices, TT, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1295,7 +1295,6 @@ def chunk_bwd_inputs_kernel(
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
     a_q = tl.load(aq_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     p_a_beta = abeta_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
@@ -1317,10 +1316,6 @@ def chunk_bwd_inputs_kernel(
     y_k = x_k * r_k
     g_k = r_k * (g_k - y_k * tl.sum(y_k * g_k, 1)[:, None])
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d g
-    g_g = tl.zeros([BT, BK], dtype=tl.float32)
-    g_g += a_lg
-    tl.store(dx_g + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
@@ -1359,8 +1354,8 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('p_beta', 'g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dr_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'dr_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
-    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_g', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dr_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_v', 'dx_g', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'aa_buf', 'abeta_buf', 'dx_q', 'dx_k', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1980,7 +1975,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dbc_buf"] = (TT * HV, fp32)  # bwd_scores.dbeta_c
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair, bwd_grads.dg
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
     make["aq_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dqp
     make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
     make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # bwd_grads.dbeta

@@ -1115,9 +1115,9 @@ def chunk_bwd_intra_kernel(
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf,
-    pq_buf, pa_buf, pe_buf, dx_q, dx_k, dx_v, dx_b, dx_w, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
+    pq_buf, pa_buf, pe_buf, dx_q, dx_k, dx_v, dx_g, dx_b, dx_w, cu_seqlens, chunk_indices, scale, TT,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1221,38 +1221,7 @@ def chunk_bwd_grad_kernel(
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
-# ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
-#   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
-#   Parts: lg = g
-#   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
-@triton.jit
-def chunk_bwd_inputs_kernel(
-    ag_buf, dx_g, cu_seqlens, chunk_indices, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
-    o_v = tl.arange(0, BV)
-    m_v = o_v < DV
-    m_rv = m_r[:, None] & m_v[None, :]
-    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
-    # d g
-    g_g = tl.zeros([BT, BK], dtype=tl.float32)
-    g_g += a_lg
-    tl.store(dx_g + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
+    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(b_dg, dx_g, DT_ID), mask=m_rk)
 # ---- host -------------------------------------------------------------------------------------------------
 _DT_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _INPUTS = ["q", "k", "v", "g", "b", "w"]
@@ -1286,8 +1255,7 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_w', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'p_b', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
-    'chunk_bwd_inputs_kernel': ('ag_buf', 'dx_g', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1701,7 +1669,6 @@ def _bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk"),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys"),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys"),
-        ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk"),
     ]
 
 
@@ -1717,7 +1684,6 @@ def _cp_bwd_kernels():
         ("bwd_scores", chunk_bwd_scores_kernel, "chunk", None),
         ("bwd_intra", chunk_bwd_intra_kernel, "chunk_sub_keys", None),
         ("bwd_grads", chunk_bwd_grad_kernel, "chunk_keys", None),
-        ("bwd_inputs", chunk_bwd_inputs_kernel, "chunk", None),
     ]
 
 
@@ -1900,7 +1866,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dbc_buf"] = (TT * HV, fp32)  # bwd_scores.dbeta_c
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair, bwd_grads.dg
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
     make["pe_buf"] = (TT * HV * DK, fp32)  # bwd_intra.de_pair
     make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # bwd_grads.dbeta
     lasts = {}
