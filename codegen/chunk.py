@@ -705,13 +705,13 @@ def _context(ir: IR) -> dict:
         route_value=rl.route,
         write_key=rl.write_key,
         erase_key=rl.erase_key,
-        # an untied erase key that is one stored operand is loaded where it is read rather than held with the other
-        # key tiles (bwd_intra: the diagonal block and the log-gate's share, not across the sub-block loop; bwd_grads
-        # with per-channel decay: after dq̂'s store). Compile report (sm_90, dk = 128): pkda's bwd_intra at BK 32 / 2
-        # warps 223 -> 168 registers (kda's count), its bwd_grads at BK 32 / 4 warps 255 + 32 B spill -> 255, none.
-        # gdn2's b ⊙ k is two loads and a product: loaded late it costs registers (bwd_intra 212 -> 221, bwd_grads 0
-        # -> 40 B spill), so it stays with the others
-        late_erase_key=rl.erase_key is not None and rl.erase_key != rl.write_key and rl.erase_key.is_Symbol,
+        # an untied erase key is loaded where it is read rather than held with the other key tiles: in bwd_intra, at
+        # the diagonal block and the log-gate's share, not across the sub-block loop (compile report, sm_90, dk =
+        # 128: pkda at BK 32 / 2 warps 223 -> 168 registers; gdn2's b ⊙ k at BK 64 / 4 warps 168 + 8 B spill -> 215,
+        # none); in bwd_grads with per-channel decay, after dq̂'s store, where the key is one stored operand (pkda at
+        # BK 32 / 4 warps 255 + 32 B spill -> 255, none; gdn2's two loads and a product spill 104 B there)
+        late_erase_key=rl.erase_key is not None and rl.erase_key != rl.write_key,
+        late_erase_key_grads=rl.erase_key is not None and rl.erase_key != rl.write_key and rl.erase_key.is_Symbol,
         log_gate=rl.log_gate,
         has_beta=rl.beta != 1,  # untied: β is inside V' (write_value)
         reads_l=backward_reads_l(plan),

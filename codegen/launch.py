@@ -182,10 +182,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # spill. H100 (run 99, since the diagonal blocks' products and pkda's late erase key): kda BK 64 / 2 warps
         # 0.912 ms, BK 64 / 4 warps 1.047, BK 32 / 2 warps 1.107; pkda 1.083 / 1.130 / 1.216 (BK 16 / 2 warps 2.169).
         # Compile report at BK 64 / 2 warps (sm_90, dk = 128): kda, pkda, cler_h_kda, clvr_kda 255 registers, gla and
-        # ccq_gla 254, no spill; gdn2 (erase key b ⊙ k) 255 + 16 B spill (BK 64 / 4 warps 168 + 8 B): it stays at
-        # BK 32 / 2 warps (212, none)
+        # ccq_gla 254, no spill; gdn2 (erase key b ⊙ k) 255 + 16 B spill, at BK 64 / 4 warps 215, none (its erase
+        # key loaded where it is read). H100, gdn2: BK 64 / 2 warps (the 16 B spill) 1.041 ms (run 99), BK 32 / 2
+        # warps 1.556 (run 100): BK 64 / 4 warps, without spill, is not yet timed
         if gain == "vector":
-            return min(32, BK), bv_full, 2, 1
+            return min(64, BK), bv_full, 4, 1
         return min(64, BK), bv_full, 2, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1

@@ -1004,9 +1004,6 @@ def chunk_bwd_intra_kernel(
     b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
     _b_a_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
-    _b_e_b = tl.load(p_b + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    _b_e_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_e = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e_k * _b_e_b), 0.)
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_da = tl.zeros([BC, BK], dtype=tl.float32)
     b_de = tl.zeros([BC, BK], dtype=tl.float32)
@@ -1031,6 +1028,9 @@ def chunk_bwd_intra_kernel(
         m_le = o_c[:, None] >= o_c[None, :]
         b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :], mask=mb[:, None] & m_le, other=0.)
         b_dq += f_dn * _mm_tf32x3(b_dsd, b_a * f_up, DT_ID)
+        _b_e_b = tl.load(p_b + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_e_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e_k * _b_e_b), 0.)
         b_dld = tl.load(dsl_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :],
                         mask=mb[:, None] & (o_c[:, None] > o_c[None, :]), other=0.)
         b_de += f_dn * _mm_tf32x3(b_dld, b_a * f_up, DT_ID)
@@ -1097,6 +1097,9 @@ def chunk_bwd_intra_kernel(
     b_de += b_ace * b_fi
     b_da += b_aca * tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
     m_ik = mb[:, None] & m_k[None, :]
+    _b_e_b = tl.load(p_b + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    _b_e_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_e = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_e_k * _b_e_b), 0.)
     # the pairs' share of the log-gate's db (q ⊙ dq + e ⊙ de − a ⊙ da) goes where bwd_grads will leave dg
     b_db = b_q * b_dq - b_a * b_da + b_e * b_de
     tl.store(ag_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_db, mask=m_ik)
