@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +156,10 @@ def variant_spec(name: str) -> str:
     at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["decay"])
     lines.insert(at, "  normalize q, k")
     return "\n".join(lines).replace(f"recurrence {base}", f"recurrence {name}", 1) + "\n"
+
+
+def _o_and_route(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return out.o, out.route
 
 
 def fwd_bwd(fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor,
@@ -443,8 +448,7 @@ def main() -> int:
                 do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
                 if rec.ir.route != "none":  # CLER: the loss reads the route r too (a zero dR was a fill, not a read)
                     dr = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
-                    steps[spec] = fwd_bwd(lambda xx, pkg=pkg: (lambda out: (out.o, out.route))(pkg.forward(**xx)),
-                                          x, do, dr)
+                    steps[spec] = fwd_bwd(lambda xx, pkg=pkg: _o_and_route(pkg.forward(**xx)), x, do, dr)
                 else:
                     steps[spec] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
                 steps[spec]()

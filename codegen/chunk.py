@@ -710,8 +710,8 @@ def _context(ir: IR) -> dict:
         # 128: pkda at BK 32 / 2 warps 223 -> 168 registers; gdn2's b ⊙ k at BK 64 / 4 warps 168 + 8 B spill -> 215,
         # none); in bwd_grads with per-channel decay, after dq̂'s store, where the key is one stored operand (pkda at
         # BK 32 / 4 warps 255 + 32 B spill -> 255, none; gdn2's two loads and a product spill 104 B there)
-        late_erase_key=rl.erase_key is not None and rl.erase_key != rl.write_key,
-        late_erase_key_grads=rl.erase_key is not None and rl.erase_key != rl.write_key and rl.erase_key.is_Symbol,
+        late_erase_key=(late := rl.erase_key is not None and rl.erase_key != rl.write_key),
+        late_erase_key_grads=late and rl.erase_key.is_Symbol,
         log_gate=rl.log_gate,
         has_beta=rl.beta != 1,  # untied: β is inside V' (write_value)
         reads_l=backward_reads_l(plan),

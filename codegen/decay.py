@@ -243,6 +243,8 @@ class VectorDecay(Decay):
                        "b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)",
                        "b_db = tl.where(m_rk, b_db, 0.)",
                        "b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db",
+                       # addressed as ag_buf's store, not as codegen/chunk.py's _grad_store (t0 + o_t rows): that form
+                       # cost clvr_kda's bwd_grads 16 B of spill (compile report, sm_90, dk = 128)
                        f"tl.store(dx_{direct} + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
                        f"_cast_for(b_dg, dx_{direct}, DT_ID), mask=m_rk)" if direct else
                        f"tl.store(ag_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, b_dg, mask=m_rk)"], indent)
