@@ -84,6 +84,7 @@ from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
     BackwardPlan,
     Plan,
+    beta_gradient,
     build_backward_plan,
     build_plan,
     cp_stages,
@@ -714,6 +715,7 @@ def _context(ir: IR) -> dict:
         late_erase_key_grads=late and rl.erase_key.is_Symbol,
         log_gate=rl.log_gate,
         has_beta=rl.beta != 1,  # untied: β is inside V' (write_value)
+        beta_grad=beta_gradient(plan),  # a β role to differentiate (gdn2's gains are in its erase key and target)
         reads_l=backward_reads_l(plan),
         BT=BT,
         BC=BC,
@@ -828,7 +830,7 @@ def _parts(ir: IR, em: _Emitter, rl: _Roles, plan: Plan) -> list[_Part]:
             parts.append(_Part("lg", rl.log_gate, "key", "a_lg = " + _tok("ag_buf", "key")))
         else:
             parts.append(_Part("lg", rl.log_gate, None, _block_partials("a_lg", "ag_buf", "NKG")))
-    if ir.structure.tied and (delta or rl.beta != 1):
+    if ir.structure.tied and beta_gradient(plan):
         parts.append(_Part("beta", rl.beta, None, _block_partials("a_beta", "abeta_buf", "NKG")))
     # the value stream's adjoint: of Z (tied, additive: β has its own part) or of V' = β Z (untied DPLR, whose
     # kernels read V' whole: compiler/plan.py, role_exprs' vp)

@@ -959,11 +959,12 @@ def _bwd_scores(p: Plan) -> Stage | None:
     delta = p.family == "tied"
     residual = p.structure.route == "residual"
     outs = [Operand("dSqa", MATRIX, "fp32")]
+    dbeta = beta_gradient(p)
     if delta:
-        outs += [Operand("dL", MATRIX, "fp32"), Operand("dbeta_c", "[B,T,HV]", "fp32")]
+        outs += [Operand("dL", MATRIX, "fp32")] + ([Operand("dbeta_c", "[B,T,HV]", "fp32")] if dbeta else [])
     reads = ("state_pass.U",) + (("triangular_solve.Tm", "interaction.L") if delta else ())
     form = "dSqa = scale mask(dO U^T)" + ("; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" if delta else "") + \
-        ("; dbeta_c = sum dY Z + sum dM L'" if delta else "")
+        ("; dbeta_c = sum dY Z + sum dM L'" if delta and dbeta else "")
     if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dSqa = scale mask(dO U^T); dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
             "; dbeta_c = sum dU R + column sums of dN L'"
@@ -1022,6 +1023,14 @@ def _value_grads(p: Plan) -> tuple[str, ...]:
     return tuple(o.name for o in p.inputs if o.name in p.elementwise_grads and o.dims[-1] == "dv")
 
 
+def beta_gradient(p: Plan) -> bool:
+    """Whether the backward forms a gain's gradient dβ: the delta family's β role (absent where the gain is 1, as in
+    gdn2, whose gains sit in its erase key and target instead), or the additive family's gain."""
+    if p.family == "tied":
+        return "beta" in dict(p.roles)
+    return p.family == "additive" and p.structure.gain != "none"
+
+
 def gate_gradient(p: Plan) -> bool:
     """Whether the backward forms the log-gate's gradient: a decay whose gate reads an input or param (RetNet's
     const(1 − 2^(−5 − h)) reads none: its gradient would go nowhere). A per-channel decay's gradient is formed by
@@ -1063,15 +1072,16 @@ def _bwd_solve(p: Plan) -> Stage | None:
         return None
     decays = p.structure.decay != "none"
     grads = gate_gradient(p)
-    outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in"),
-            Operand("dbeta_c", "[B,T,HV]", "fp32")]
+    dbeta = beta_gradient(p)
+    outs = [Operand("dY", "[B,T,HV,dv]", "in"), Operand("dSg", MATRIX, "in"), Operand("dLg", MATRIX, "in")] + \
+        ([Operand("dbeta_c", "[B,T,HV]", "fp32")] if dbeta else [])
     if grads:
         outs += [Operand("db_s", "[B,T,HV]", "fp32"), Operand("db_l", "[B,T,HV]", "fp32")]
     if "dz" in stored_adjoints(p):
         outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
     form = "dS = scale mask(dO U^T); dY = Ai^T dU, dZ = beta dY" + (" + dR" if p.structure.route != "none" else "") + \
-        ", dM = -dY U^T, dL' = beta dM; dbeta_c = sum dY Z + sum dM L'"
+        ", dM = -dY U^T, dL' = beta dM" + ("; dbeta_c = sum dY Z + sum dM L'" if dbeta else "")
     if residual_solve(p):  # T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dS = scale mask(dO U^T); dY = T^T (beta dU + dR), dZ = dY, dN = -dY R^T, dL' = dN Diag(beta)" + \
             "; dbeta_c = sum dU R + column sums of dN L'"
@@ -1111,7 +1121,7 @@ def _bwd_grads(p: Plan) -> Stage | None:
     mine = [n for n in p.elementwise_grads if not (split and n in _value_grads(p))]
     outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (split and name == "dz")]
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in mine]
-    if delta or p.structure.gain != "none":  # the additive family without a gain has no β to differentiate
+    if beta_gradient(p):
         outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
     grads = gate_gradient(p)
     direct = direct_gate_input(p)
@@ -1140,10 +1150,10 @@ def _bwd_grads(p: Plan) -> Stage | None:
     ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
         (("dR",) if p.structure.route != "none" and not split else ())
     if vec:
-        ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta else ()) + \
+        ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta and beta_gradient(p) else ()) + \
             (("de_pair",) if delta and not tied_keys_of(p) else ())
     if split:
-        ins += ("dY", "dSg", "dLg", "dbeta_c") + (("db_s", "db_l") if grads else ())
+        ins += ("dY", "dSg", "dLg") + (("dbeta_c",) if beta_gradient(p) else ()) + (("db_s", "db_l") if grads else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)
 
 

@@ -836,15 +836,15 @@ def chunk_bwd_state_kernel(
 #   M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
 #   dS = scale · mask(dO Uᵀ) (j ≤ t), dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower),
 #   dL' = Diag(β) dM, and the shares of the per-token sums that need every key channel:
-#   dβ_c = Σ_v dY ⊙ Z + Σ_j dM ⊙ L'.
+#   (no β to differentiate).
 #   L' is formed over the key channels in blocks of BK.
 #   bwd_grads reads dY and the pair gradients dS and dL' ([T, HV, BT] rows) in the
 #   input dtype (its products round their operands to it anyway), and the per-token shares in fp32; the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
-    p_k, p_v, kt_buf, t_buf, vn_buf, do_buf, du_buf, az_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, cu_seqlens,
-    chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_k, kt_buf, t_buf, vn_buf, do_buf, du_buf, az_buf, dy_buf, dsg_buf, dlg_buf, cu_seqlens, chunk_indices, scale,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -865,7 +865,6 @@ def chunk_bwd_solve_kernel(
     b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dyz = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
@@ -873,13 +872,10 @@ def chunk_bwd_solve_kernel(
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = _b_z_v
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
         tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
         b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
         b_dz = b_dy * b_beta[:, None]
         tl.store(az_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dz, mask=m_rv)
     # the sums over every key channel: L' = E ⋆⁻ A, one block of BK key channels at a time
@@ -895,15 +891,14 @@ def chunk_bwd_solve_kernel(
     b_l = tl.where(m_lt, b_l, 0.)
     b_ds = tl.where(m_le, b_ds * scale, 0.)
     b_dm = tl.where(m_lt, -b_dm, 0.)
-    tl.store(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
     b_dl = b_dm * b_beta[:, None]
     tl.store(dsg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _cast_for(b_ds, dsg_buf, DT_ID), mask=m_r[:, None])
     tl.store(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _cast_for(b_dl, dlg_buf, DT_ID), mask=m_r[:, None])
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
-#   q̂ (query), a (write key), e (erase key), β; loops over dv blocks, then forms the pair gradients from
+#   q̂ (query), a (write key), e (erase key); loops over dv blocks, then forms the pair gradients from
 #   the c×c adjoints that bwd_solve formed once per chunk (its dS, dL': one product with this block's keys each).
 #   One program per chunk, head and block of BK key channels; per-token
-#   sums over the key channels (dβ) are left as one partial per key block (NKG of them), the full-width
+#   sums over the key channels are left as one partial per key block (NKG of them), the full-width
 #   terms counted by block 0.
 #   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n: the erase rows' adjoint
 #   dW = Σ_v dY Hᵀ from bwd_solve's dY = Aiᵀ dU (not re-associated as Aiᵀ (dU Hᵀ): rounding dU Hᵀ to bf16 for that
@@ -911,10 +906,9 @@ def chunk_bwd_solve_kernel(
 #   dβ = Σ dY ⊙ V' + Σ dM ⊙ L' = bwd_solve's share − Σ_k (E ⊙ e^B) ⊙ dW.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, kt_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, abeta_buf, dbc_buf, dy_buf, dsg_buf,
-    dlg_buf, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    NKG: tl.constexpr,
+    p_q, p_k, kt_buf, h_buf, vn_buf, do_buf, dh_buf, aq_buf, ae_buf, aa_buf, dy_buf, dsg_buf, dlg_buf, cu_seqlens,
+    chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -973,9 +967,6 @@ def chunk_bwd_grad_kernel(
     _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
     b_e = _b_e_k
     b_ef = b_e
-    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_solve
-    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.), 0.) - \
-        tl.sum(b_ef * b_dew, 1)
     # the interaction's pair gradient: bwd_solve's dL' (input dtype) against this block's keys
     b_dlg = tl.load(dlg_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_de = _mm(b_dlg, b_a, DT_ID)
@@ -985,7 +976,6 @@ def chunk_bwd_grad_kernel(
     b_de -= b_dews
     tl.store(ae_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_de, mask=m_rk)
     tl.store(aa_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), b_da, mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
 # ---- backward stage precond_exact (docs/chunk_forms.md §6b), per chunk, in parallel ------------------------------------
 #   x_t = P_t a_t = G_t⁻¹ a_t (a = k: k̃); z_t = P_t dx_t (the forward's own form, with dx for a);
 #   da_t = z_t, and the adjoint of G_t is Ḡ_t = −z_t x_tᵀ; G_t holds k_j for j ≤ t:
@@ -1169,8 +1159,8 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('p_q', 'kt_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('p_q', 'kt_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('p_q', 'kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_solve_kernel': ('p_k', 'p_v', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'az_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_solve_kernel': ('p_k', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'az_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_exact_kernel': ('p_k', 'aa_buf', 'gn_buf', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_bwd_precond_gram_kernel': ('p_k', 'gn_buf', 'p_out', 'dp_fin', 'dp0', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK'),
     'chunk_bwd_inputs_kernel': ('aq_buf', 'ae_buf', 'az_buf', 'akx_buf', 'dx_q', 'dx_k', 'dx_v', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1792,12 +1782,10 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dy_buf"] = (TT * HV * DV, dt)  # bwd_solve.dY
     make["dsg_buf"] = (TT * HV * BT, dt)  # bwd_solve.dSg
     make["dlg_buf"] = (TT * HV * BT, dt)  # bwd_solve.dLg
-    make["dbc_buf"] = (TT * HV, fp32)  # bwd_solve.dbeta_c
     make["az_buf"] = (TT * HV * DV, fp32)  # bwd_solve.dz
     make["aq_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dqp
     make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
     make["ae_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dke
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # bwd_grads.dbeta
     make["akx_buf"] = (TT * H * DK, fp32)  # bwd_precond_exact.dk_x, bwd_precond_gram.dk_g
     make["wx_buf"] = (TT * H * DK, fp32)  # bwd_precond_exact.u_x
     make["ge_buf"] = (NT * H * DK * DK, fp32)  # bwd_precond_exact.dGc

@@ -913,14 +913,14 @@ def chunk_bwd_state_kernel(
 # ---- backward stage scores (per-channel decay): the gradients of the chunk's score matrices, once per chunk and head -
 #   dS = scale · mask(dO Uᵀ) is the gradient of the output scores Q̂ ⋆ A (j ≤ t); through the WY solve
 #   (M = I + Diag(β)L', Ai = M⁻¹): dY = Aiᵀ dU, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM,
-#   and the c×c share of dβ: Σ_v dY ⊙ Z + Σ_j dM ⊙ L'.
+#   (no β to differentiate).
 #   Stored in fp32 as [T, HV, BT] rows: bwd_intra reads them as 16×16 blocks, so the pair gradients under a per-channel
 #   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
 @triton.jit
 def chunk_bwd_scores_kernel(
-    p_v, p_w, t_buf, l_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, cu_seqlens, chunk_indices, scale,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    t_buf, l_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, cu_seqlens, chunk_indices, scale, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -940,7 +940,6 @@ def chunk_bwd_scores_kernel(
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + 1.0, 0.)
     b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dyz = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
@@ -949,17 +948,12 @@ def chunk_bwd_scores_kernel(
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        _b_z_w = tl.load(p_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + (_b_z_v * _b_z_w), 0.)
         b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
         b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
-        b_dyz += tl.sum(b_dy * b_z, 1)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
     m_lt = o_t[:, None] > o_t[None, :]
     b_dm = tl.where(m_lt, -b_dm, 0.)
     b_l = tl.load(l_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    tl.store(dbc_buf + rows * HV + i_hv, b_dyz + tl.sum(b_dm * b_l, 1), mask=m_r)
     b_dl = b_dm * b_beta[:, None]
     tl.store(dsl_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], b_dl, mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
@@ -1107,20 +1101,20 @@ def chunk_bwd_intra_kernel(
     tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_ik)
     tl.store(pe_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_ik)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
-#   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
+#   q̂ (query), a (write key), e (erase key), z (target), and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then adds the score pairs' shares
 #   that bwd_scores and bwd_intra formed once per chunk (per-channel decay: 16×16 sub-blocks).
 #   One program per chunk, head and block of BK key channels; per-token
-#   sums over the key channels (dβ) are left as one partial per key block (NKG of them), the full-width
+#   sums over the key channels are left as one partial per key block (NKG of them), the full-width
 #   terms counted by block 0; the token-level adjoint of z is written by block 0.
 #   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
 #   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf,
-    pq_buf, pa_buf, pe_buf, dx_q, dx_k, dx_v, dx_g, dx_b, dx_w, cu_seqlens, chunk_indices, scale, TT,
-    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
+    p_q, p_k, p_v, p_b, p_w, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, ag_buf, pq_buf, pa_buf, pe_buf,
+    dx_q, dx_k, dx_v, dx_g, dx_b, dx_w, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1200,9 +1194,6 @@ def chunk_bwd_grad_kernel(
     b_end = tl.sum(b_a * b_das, 0) + tl.exp2(b_gl) * b_dhc
     b_da = b_das + tl.load(pa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_ef = b_e * b_eb
-    # the c×c share of dβ (Σ dY ⊙ Z + Σ dM ⊙ L') came from bwd_scores
-    b_dbeta = tl.where(i_k == 0, tl.load(dbc_buf + rows * HV + i_hv, mask=m_r, other=0.), 0.) - \
-        tl.sum(b_ef * b_dew, 1)
     b_de = tl.load(pe_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_rk, other=0.)
     b_dew = b_dew * b_beta[:, None]
     b_dews = b_dew * b_eb
@@ -1219,7 +1210,6 @@ def chunk_bwd_grad_kernel(
     tl.store(dx_b + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_b, dx_b, DT_ID), mask=m_rk)
     g_k += b_da
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
     b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
@@ -1256,9 +1246,9 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_scores_kernel': ('p_v', 'p_w', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_scores_kernel': ('t_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'p_b', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_v', 'p_b', 'p_w', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'ag_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'dx_b', 'dx_w', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -1866,12 +1856,10 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
     make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
     make["dsl_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dL
-    make["dbc_buf"] = (TT * HV, fp32)  # bwd_scores.dbeta_c
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
     make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
     make["pe_buf"] = (TT * HV * DK, fp32)  # bwd_intra.de_pair
-    make["abeta_buf"] = (run.nkg * TT * HV, fp32)  # bwd_grads.dbeta
     lasts = {}
     for n in _INPUTS:
         d = SPEC.input(n)
