@@ -967,7 +967,7 @@ def _bwd_scores(p: Plan) -> Stage | None:
         ("; dbeta_c = sum dY Z + sum dM L'" if delta and dbeta else "")
     if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dSqa = scale mask(dO U^T); dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
-            "; dbeta_c = sum dU R + column sums of dN L'"
+            ("; dbeta_c = sum dU R + column sums of dN L'" if dbeta else "")
     ins = ("dO", "dU") + (("dR",) if residual else ())
     return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)))
 
@@ -1084,7 +1084,7 @@ def _bwd_solve(p: Plan) -> Stage | None:
         ", dM = -dY U^T, dL' = beta dM" + ("; dbeta_c = sum dY Z + sum dM L'" if dbeta else "")
     if residual_solve(p):  # T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dS = scale mask(dO U^T); dY = T^T (beta dU + dR), dZ = dY, dN = -dY R^T, dL' = dN Diag(beta)" + \
-            "; dbeta_c = sum dU R + column sums of dN L'"
+            ("; dbeta_c = sum dU R + column sums of dN L'" if dbeta else "")
     form += ("; db_s, db_l = rows - columns of dS S, dL' L'" if grads else "") + \
         "; dSg = dS" + (" Gamma, dLg = dL' Gamma (Gamma = e^(b_i - b_j))" if decays else ", dLg = dL'") + \
         "; dY, dSg, dLg in the input dtype"
