@@ -217,12 +217,12 @@ class Launch:
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
-# Grid kinds: chunk (NT, HV); chunk_keys (NT, HV, key-channel blocks); chunk_sub_keys (NT, HV, key-channel blocks ×
-# sub-chunks); rows (token blocks, heads); seq_hp (one program per sequence, statistic head and key-channel block,
-# sequential over chunks); state (dv blocks, sequences × value heads); key_state_tiles (BK × BV tiles of a dk × dk
-# carry, sequences × key heads: the curvature sums and their adjoint, sequential over chunks); key_chunk (blocks of BV
-# columns of a dk × dk carry, NT, key heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output
-# (dv blocks, NT, HV).
+# Grid kinds: chunk (NT, HV); chunk_keys (key-channel blocks, NT, HV); chunk_sub_keys (key-channel blocks × sub-chunks,
+# NT, HV: a chunk's programs launch together, so its per-token tiles come from L2 after the first); rows (token blocks,
+# heads); seq_hp (one program per sequence, statistic head and key-channel block, sequential over chunks); state (dv
+# blocks, sequences × value heads); key_state_tiles (BK × BV tiles of a dk × dk carry, sequences × key heads: the
+# curvature sums and their adjoint, sequential over chunks); key_chunk (blocks of BV columns of a dk × dk carry, NT, key
+# heads); state_keys (dv blocks × key-row blocks, sequences × value heads); output (dv blocks, NT, HV).
 # the curvature sums' state pass: the forward's, and the backward's re-forming of C_n (bwd_curvature_sums) is the same
 # kernel and launch
 CURVATURE_STATE = Launch("curvature_state", "chunk_curvature_state_kernel", "key_state_tiles",

@@ -374,6 +374,25 @@ def test_a_call_past_the_partial_sums_int32_rows_is_refused() -> None:
     assert "reach 2^31" not in str(info.value)
 
 
+def test_a_call_past_the_grids_chunk_axis_is_refused() -> None:
+    """The chunk kernels hold the chunks on their grid's y axis (CUDA: at most 65535): a call of more chunks gets a
+    TensorError before any launch. Meta tensors; 65535 chunks pass the check (and stop later, at the first data
+    access)."""
+    rec = load("gdn")
+    mod = load_chunk(rec.ir)
+    small = rec.random_inputs(1, 8, 1, 16, 16, dtype=torch.bfloat16)
+
+    def meta(T: int) -> dict[str, torch.Tensor]:
+        return {k: torch.empty((1, T, *v.shape[2:]) if v.dim() >= 2 and v.shape[1] == 8 else v.shape, dtype=v.dtype,
+                               device="meta") for k, v in small.items()}
+
+    with pytest.raises(TensorError, match=r"65536 chunks of 64 tokens in one call, past the 65535"):
+        mod.chunk_forward(meta(65536 * 64))
+    with pytest.raises(Exception) as info:  # noqa: PT011 - any failure but the guard's
+        mod.chunk_forward(meta(65535 * 64))
+    assert "65535 a kernel grid" not in str(info.value)
+
+
 def test_bad_gradient_shapes() -> None:
     rec = load("gdn")
     mod = load_chunk(rec.ir)

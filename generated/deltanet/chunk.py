@@ -967,15 +967,15 @@ def chunk_bwd_grad_kernel(
     cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     t0 = bos + i_tc * BT
-    i_k = tl.program_id(2)
+    i_k = tl.program_id(0)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
     o_t = tl.arange(0, BT)
@@ -1269,9 +1269,11 @@ class _Run:
             if kind == "chunk":
                 grid = (NT, HV)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
-                grid = (NT, HV, triton.cdiv(DK, BK))
-            elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows
-                grid = (NT, HV, triton.cdiv(DK, BK) * (BT // BC))
+                # the key blocks of a chunk and head launch next to each other: their per-token value tiles (dO, U,
+                # dU) are read from L2 by all but the first
+                grid = (triton.cdiv(DK, BK), NT, HV)
+            elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows, next to each other too
+                grid = (triton.cdiv(DK, BK) * (BT // BC), NT, HV)
             elif kind == "rows":
                 grid = (triton.cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
@@ -1406,6 +1408,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
         raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
                           "elements in one buffer; call with fewer tokens at a time")
+    if NT > 65535:  # the chunk kernels' grids hold the chunks on CUDA's y axis, which takes at most 65535
+        raise TensorError(f"{NAME}: {NT} chunks of {BT} tokens in one call, past the 65535 a kernel grid's y axis takes; "
+                          "call with fewer tokens at a time")
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
