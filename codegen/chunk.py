@@ -1025,7 +1025,9 @@ def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, fused: tuple[
                     lines.append(f"{g} += {_ADJOINT_TILE[p]}")
                 else:
                     var = f"d_{d.name}_{p}"
-                    lines.append(em.tile(var, dx, side, em.rows, "m_r", "BT", printer="bwd",
+                    # the value side in every key block: only block 0's tiles are loaded (m_rz, the template's)
+                    mask = "m_rz" if p == "z" and not value_once else "m_r"
+                    lines.append(em.tile(var, dx, side, em.rows, mask, "BT", printer="bwd",
                                          indent=8 if p == "z" else 4))
                     lines.append(f"{g} += {var} * {_ADJOINT_TILE[p]}")
                 if i == len(reading) - 1:

@@ -566,7 +566,8 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
-    # the value-side adjoint is written once, by the first key block
+    # the value-side adjoint and the gradients of the value inputs are written once, by the first key block (the
+    # others' loads of those inputs are masked off)
     m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):

@@ -1137,6 +1137,9 @@ def chunk_bwd_grad_kernel(
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
     b_dhc = tl.zeros([BK], dtype=tl.float32)
+    # the value-side adjoint and the gradients of the value inputs are written once, by the first key block (the
+    # others' loads of those inputs are masked off)
+    m_rz = tl.where(i_k == 0, m_r, False)
     p_h = (i_c.to(tl.int64) * HV + i_hv) * DK * DV
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -1155,13 +1158,13 @@ def chunk_bwd_grad_kernel(
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
         b_dz = b_dy * b_beta[:, None]
         g_v = tl.zeros([BT, BV], dtype=tl.float32)
-        _d_v_z_w = tl.load(p_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        d_v_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_v_z_w, 0.)
+        _d_v_z_w = tl.load(p_w + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rz[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        d_v_z = tl.where(m_rz[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_v_z_w, 0.)
         g_v += d_v_z * b_dz
         tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
         g_w = tl.zeros([BT, BV], dtype=tl.float32)
-        _d_w_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        d_w_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_w_z_v, 0.)
+        _d_w_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rz[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        d_w_z = tl.where(m_rz[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _d_w_z_v, 0.)
         g_w += d_w_z * b_dz
         tl.store(dx_w + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_w, dx_w, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
