@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import sympy as sp
 
-from ..compiler.exprs import logsigmoid, sigmoid, silu, softplus, softsign
+from ..compiler.exprs import logsigmoid, sigmoid, silu, softplus, softsign, tanh
 
 
 def _num(x: sp.Expr) -> str:
@@ -23,7 +23,7 @@ _FUNCS: dict[type, Callable[[str], str]] = {
     sp.exp: lambda a: f"tl.exp({a})",
     sp.log: lambda a: f"tl.log({a})",
     sp.Abs: lambda a: f"tl.abs({a})",
-    sp.tanh: lambda a: f"(2.0 / (1.0 + tl.exp(-2.0 * ({a}))) - 1.0)",
+    tanh: lambda a: f"(2.0 / (1.0 + tl.exp(-2.0 * ({a}))) - 1.0)",
     sigmoid: lambda a: f"(1.0 / (1.0 + tl.exp(-({a}))))",
     softplus: lambda a: f"(tl.maximum({a}, 0.0) + tl.log(1.0 + tl.exp(-tl.abs({a}))))",
     logsigmoid: lambda a: f"(tl.minimum({a}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({a}))))",

@@ -9,7 +9,7 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from ..compiler.exprs import logsigmoid, sigmoid, silu, softplus, softsign
+from ..compiler.exprs import logsigmoid, sigmoid, silu, softplus, softsign, tanh
 
 # --- evaluation on torch ----------------------------------------------------------------------------
 Value = torch.Tensor | float
@@ -19,7 +19,7 @@ _UNARY: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     sp.log: torch.log,
     sp.Abs: torch.abs,
     sp.sign: torch.sign,  # from derivatives of |x| (runtime/reductions.py)
-    sp.tanh: torch.tanh,
+    tanh: torch.tanh,
     sigmoid: torch.sigmoid,
     logsigmoid: F.logsigmoid,
     softplus: F.softplus,

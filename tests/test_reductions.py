@@ -194,3 +194,51 @@ def test_show_plan_of_a_chunked_spec_is_the_chunk_plan(spec: str) -> None:
     out = subprocess.run([sys.executable, "-m", "dgps.cli", "show", str(SPECS / f"{spec}.dgps"), "--stage", "plan"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "recurrent kernels" not in out.splitlines()[0]
+
+
+# The fuzzer drew this (seed 701): a PDN gain σ(tanh(Σ_c σ(p_c) / 4)) over 64 key channels, where tanh(≈ 8) rounds to
+# 1 − 2^-23-ish in fp32 and the derivative 1 − tanh² printed into the kernels kept ~1 of its bits; dp came out 25 % off.
+# tanh′ = 4σ(2x)σ(−2x) and σ′ = σ(x)σ(−x) keep the derivative's e^{−|x|} size.
+SATURATED_GAIN = """recurrence saturated_gain
+  input q, k : key
+  input v : value
+  input gPk : token log_gate key_head
+  param pk0 : key_channel free
+  let gain = sigmoid(tanh(0.25 * sum(sigmoid(pk0))))
+  precond diag(k * k, decay = gPk, gain = gain) -> exp(-log(2) * softsign(log(A + 1e-6))) on write_key
+  solve delta
+end
+"""
+
+
+# float64 values of the derivatives in forms that do not round to 0 where the function saturates (torch's own backward,
+# σ(1 − σ) and 1 − tanh², loses them in float64 too past |x| ≈ 37 and 19)
+_STABLE_DERIVATIVE = {
+    "sigmoid": lambda t: torch.sigmoid(t) * torch.sigmoid(-t),
+    "tanh": lambda t: 4 * torch.sigmoid(2 * t) * torch.sigmoid(-2 * t),
+    "silu": lambda t: torch.sigmoid(t) * (1 + t * torch.sigmoid(-t)),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(_STABLE_DERIVATIVE))
+def test_derivatives_keep_their_size_where_the_function_saturates(fn: str) -> None:
+    """The derivative tree the kernels print, evaluated in fp32 where the function rounds to its bound (and near 0),
+    against the float64 derivative."""
+    from dgps.compiler.exprs import FUNCTIONS
+    from dgps.runtime.evaluate import evaluate
+
+    x = sympy.Symbol("x", real=True)
+    tree = sympy.diff(FUNCTIONS[fn][1](x), x)
+    pts = torch.tensor([-40.0, -20.0, -9.5, -0.3, 0.3, 9.5, 20.0, 40.0], dtype=torch.float64)
+    want = _STABLE_DERIVATIVE[fn](pts)
+    got = evaluate(tree, {"x": pts.float()})
+    rel = ((got.double() - want).abs() / want.abs()).max().item()
+    assert rel < 1e-5, f"{fn}': {rel:.2e} relative error in fp32"
+
+
+def test_a_saturated_reduction_gain_keeps_its_gradient() -> None:
+    rec = dgps.load(SATURATED_GAIN)
+    package = compile_spec(rec)
+    assert package.METADATA["backward"] == "chunk"
+    rows = verify_gradients(rec, package, B=1, T=70, H=1, dk=64, dv=20, seed=202)
+    assert all(r.ok for r in rows), format_rows(rows)

@@ -294,7 +294,7 @@ def gdn_fused_gate_recurrent_bwd_kernel(
                     # subexpressions shared by the derivatives below
                     cse_0 = (1.0 / (1.0 + tl.exp(-(b_b))))
                     cse_1 = (-1.0 * tl.exp(b_A_log) * (1.0 / (1.0 + tl.exp(-((b_a + b_dt_bias))))))
-                    cse_2 = (cse_0 * (1.0 + (-1.0 * cse_0)))
+                    cse_2 = (cse_0 * (1.0 / (1.0 + tl.exp(-((-1.0 * b_b))))))
                     # read: o = scale · h_tᵀ q'
                     a_qp = tl.reduce(st_h * b_do[None, :], 1, _add) * scale
                     dh = dh + (d_qp * scale)[:, None] * b_do[None, :]

@@ -1242,7 +1242,7 @@ def chunk_bwd_inputs_kernel(
     # d b
     g_b = tl.zeros([BT], dtype=tl.float32)
     _d_b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-    d_b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + ((1.0 + (-1.0 * (1.0 / (1.0 + tl.exp(-(_d_b_beta_b)))))) * (1.0 / (1.0 + tl.exp(-(_d_b_beta_b))))), 0.)
+    d_b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + ((1.0 / (1.0 + tl.exp(-(_d_b_beta_b)))) * (1.0 / (1.0 + tl.exp(-((-1.0 * _d_b_beta_b)))))), 0.)
     g_b += d_b_beta * a_beta
     tl.store(dx_b + t0 * HV + ((o_t) * HV + i_hv), _cast_for(g_b, dx_b, DT_ID), mask=m_r)
     # d A_log
