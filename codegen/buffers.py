@@ -118,6 +118,7 @@ BWD_BUFFER_OF = {("bwd_local_values", "dUl"): "dul_buf", ("bwd_local_values", "d
                  ("bwd_state_pass", "dHn1"): "dh_buf", ("bwd_state_pass", "dU"): "du_buf",
                  ("bwd_state_pass", "dS0"): "ds0", ("bwd_state_pass", "dVs"): "dvs_buf",
                  ("bwd_scores", "dSqa"): "dsq_buf", ("bwd_scores", "dL"): "dsl_buf", ("bwd_scores", "dbeta_c"): "dbc_buf",
+                 ("bwd_scores", "dY"): "dy_buf", ("bwd_scores", "dz"): "az_buf",
                  ("bwd_scores", "dAqf"): "dsq_buf", ("bwd_scores", "dAqw"): "dsqw_buf",
                  ("bwd_scores", "dAef"): "dsl_buf", ("bwd_scores", "dAew"): "dsw_buf",
                  ("bwd_intra", "dq_pair"): "pq_buf", ("bwd_intra", "da_pair"): "pa_buf",

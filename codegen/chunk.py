@@ -96,6 +96,7 @@ from ..compiler.plan import (
     split_reverse_pass,
     stored_adjoints,
     tied_keys_of,
+    value_side_once,
 )
 from .address import ROWS, partial_row, row_offset
 from .buffers import allocation_code, backward_buffers, kept_buffers, make_code, token_buffers
@@ -427,10 +428,11 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan), split=split,
+                reads_dy=value_side_once(plan),  # bwd_grads reads dY from bwd_solve or bwd_scores
                 intra_diag=intra.attr("diag_blocks") if intra else None,
                 INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
                 grads_launch=next(la.name for la in launches if la.kernel == "chunk_bwd_grad_kernel"),
-                fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=split),
+                fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=value_side_once(plan)),
                 precond_code=_precond_backward_code(ir, em, plan),
                 direct_gate=direct,
                 backward_buffer_code=make_code(backward_buffers(bplan)))
@@ -744,7 +746,8 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False, split=False, grads_launch="bwd_grads", intra_diag=None, INTRA_RANGE_LOG2=None,
+                   tied_keys=False, split=False, reads_dy=False, grads_launch="bwd_grads", intra_diag=None,
+                   INTRA_RANGE_LOG2=None,
                    precond_code=("", ""), backward_buffer_code="", direct_gate=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
@@ -987,8 +990,8 @@ def _fused_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, fused: tuple[
                      value_once: bool = False) -> dict[str, str]:
     """Per bwd_grads part (z, q, e, a): the chain-rule statements for the inputs in `fused`, placed where that
     part's adjoint tile is final; an input's gradient is stored after the last part that reads it. The value-side
-    part (z) runs in every key block, whose block 0 stores it, unless `value_once`: then a per-chunk stage (bwd_solve)
-    forms it, once."""
+    part (z) runs in every key block, whose block 0 stores it, unless `value_once`: then a per-chunk stage (bwd_solve,
+    or bwd_scores under a per-channel decay) forms it, once."""
     only_value = "" if value_once else "i_k == 0"
     out = {p: [] for p in _ADJOINT_OF_PART}
     if not fused:

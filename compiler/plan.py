@@ -968,8 +968,17 @@ def _bwd_scores(p: Plan) -> Stage | None:
     if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
         form = "dSqa = scale mask(dO U^T); dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
             ("; dbeta_c = sum dU R + column sums of dN L'" if dbeta else "")
+    attrs: tuple[tuple[str, Any], ...] = ()
+    if delta:  # value_side_once: dY, dZ and the value inputs' gradients, once per chunk
+        outs.append(Operand("dY", "[B,T,HV,dv]", "in"))
+        if "dz" in stored_adjoints(p):
+            outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
+        outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in _value_grads(p)]
+        form += "; dY in the input dtype"
+        if _value_grads(p):
+            attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in _value_grads(p))),)
     ins = ("dO", "dU") + (("dR",) if residual else ())
-    return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)))
+    return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)) + attrs)
 
 
 def _bwd_intra(p: Plan) -> Stage | None:
@@ -1016,6 +1025,15 @@ def _solve_split(p: Plan) -> bool:
     the output scores' gradient, and it holds fewer tiles (simple_gla: 157 registers at 8 warps, no spill).
     Per-channel decay has its own split (bwd_scores, bwd_intra)."""
     return p.family == "tied" and p.structure.decay != "vector"
+
+
+def value_side_once(p: Plan) -> bool:
+    """Whether the delta family's per-chunk c×c stage — bwd_solve under scalar or no decay, bwd_scores under a
+    per-channel decay — forms dY = Aiᵀ dU, the target's adjoint dZ and the value inputs' gradients once per chunk and
+    head, and bwd_grads reads dY (input dtype: its product with H rounds dY to it anyway) instead of forming it again
+    in every block of key channels. With BK 32 that product was 40 % of the vector family's bwd_grads loop MMA work
+    (kda: Aiᵀ dU is 64×64×64 per value block, the loop's three other products 64×64×32 each)."""
+    return p.family == "tied"
 
 
 def _value_grads(p: Plan) -> tuple[str, ...]:
@@ -1117,9 +1135,10 @@ def _bwd_grads(p: Plan) -> Stage | None:
     delta = p.family == "tied"
     vec = p.structure.decay == "vector"
     split = _solve_split(p)
-    # with bwd_solve, the target's adjoint and the value inputs' gradients are its outputs
-    mine = [n for n in p.elementwise_grads if not (split and n in _value_grads(p))]
-    outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (split and name == "dz")]
+    once = value_side_once(p)
+    # bwd_solve or (per-channel decay) bwd_scores forms the target's adjoint and the value inputs' gradients
+    mine = [n for n in p.elementwise_grads if not (once and n in _value_grads(p))]
+    outs = [Operand(name, shapes[name], "fp32") for name in stored_adjoints(p) if not (once and name == "dz")]
     outs += [Operand(f"grad_{o.name}", o.shape, "in") for o in p.inputs if o.name in mine]
     if beta_gradient(p):
         outs.append(Operand("dbeta", "[B,T,HV]", "fp32"))
@@ -1131,10 +1150,10 @@ def _bwd_grads(p: Plan) -> Stage | None:
         outs.append(Operand("dg", "[B,T,HV,dk]" if vec else "[B,T,HV]", "fp32"))
     # per-token sums over the key channels, which each block of them leaves as a partial (codegen/address.py)
     partials = [o.name for o in outs if o.dims == ("B", "T", "HV")]
-    reads = ("state_pass.Hn", "state_pass.U") + (("triangular_solve.Tm",) if delta and not split else ())
+    reads = ("state_pass.Hn", "state_pass.U")
     if vec:  # the c×c parts came from bwd_scores and bwd_intra
-        form = ("dY = Ai^T dU, dZ = beta dY; " if delta else "dZ = beta dU; ") + "adds the pair gradients of bwd_intra" + \
-            "; dg = reverse cumsum of db"
+        form = ("dW = dY H^T (dY from bwd_scores); " if delta else "dZ = beta dU; ") + \
+            "adds the pair gradients of bwd_intra; dg = reverse cumsum of db"
     elif split:  # the c×c parts came from bwd_solve
         form = "dW = dY H^T; score pairs from dSg, dLg as matmuls with this block's keys" + \
             ("; dg = reverse cumsum of db" if grads else "")
@@ -1147,11 +1166,11 @@ def _bwd_grads(p: Plan) -> Stage | None:
         # the chain rule to these inputs is elementwise: applied where the adjoints are formed, so their fp32
         # per-token adjoints never go to memory
         attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in mine + ([direct] if direct else []))),)
-    ins = ("dO", "dHn1") + (() if split else ("dU",)) + \
-        (("dR",) if p.structure.route != "none" and not split else ())
+    ins = ("dO", "dHn1") + (() if once else ("dU",)) + \
+        (("dR",) if p.structure.route != "none" and not once else ())
     if vec:
-        ins += ("dq_pair", "da_pair", "db_pair") + (("dbeta_c",) if delta and beta_gradient(p) else ()) + \
-            (("de_pair",) if delta and not tied_keys_of(p) else ())
+        ins += (("dY",) if delta else ()) + ("dq_pair", "da_pair", "db_pair") + \
+            (("dbeta_c",) if delta and beta_gradient(p) else ()) + (("de_pair",) if delta and not tied_keys_of(p) else ())
     if split:
         ins += ("dY", "dSg", "dLg") + (("dbeta_c",) if beta_gradient(p) else ()) + (("db_s", "db_l") if grads else ())
     return Stage("bwd_grads", "bwd_grads", ins, tuple(outs), attrs)

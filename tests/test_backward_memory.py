@@ -75,8 +75,9 @@ def test_backward_frees_each_buffer_after_its_last_reader(name: str) -> None:
     assert not grads & {"dul_buf", "w_buf", "u_buf", "o_buf"}
     assert {"w_buf", "u_buf"} <= dead_at["bwd_grads"]
     assert {"h_buf", "dh_buf", "vn_buf"} <= grads
-    # dU: bwd_solve's last input (bwd_grads reads dY = Aiᵀ dU instead), gone before bwd_grads where bwd_solve runs
-    assert ("du_buf" in grads) == (name == "pkda")
+    # dU: the last input of bwd_solve (scalar decay) or bwd_scores (per-channel decay); bwd_grads reads dY = Aiᵀ dU
+    # from them instead (compiler/plan.py: value_side_once), so dU is gone before it
+    assert "du_buf" not in grads and {"dy_buf", "dbc_buf"} <= grads
     last = at[seen[-1][0][-1]]
     # bwd_solve's adjoints (scalar-decay delta family) live through bwd_grads, which reads them
     solve = {"dy_buf", "dsg_buf", "dlg_buf", "dbc_buf", "dgs_buf", "dgl_buf"}

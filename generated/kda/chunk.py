@@ -912,9 +912,9 @@ def chunk_bwd_state_kernel(
 #   decay are formed on sub-blocks, not as masked 64-wide products in every key block of bwd_grads.
 @triton.jit
 def chunk_bwd_scores_kernel(
-    p_v, p_beta, t_buf, l_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, cu_seqlens, chunk_indices, scale,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DT_ID: tl.constexpr,
+    p_v, p_beta, t_buf, l_buf, vn_buf, do_buf, du_buf, dsq_buf, dsl_buf, dbc_buf, dy_buf, dx_v, cu_seqlens,
+    chunk_indices, scale, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -949,6 +949,13 @@ def chunk_bwd_scores_kernel(
         b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
         b_dm += _mm(b_dy, tl.trans(b_u), DT_ID)
         b_dyz += tl.sum(b_dy * b_z, 1)
+        # dY once per chunk, in the input dtype (bwd_grads' product dY Hᵀ rounds it to that anyway), and the value
+        # side's adjoint dZ with the value inputs' gradients (compiler/plan.py: value_side_once)
+        tl.store(dy_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
+        b_dz = b_dy * b_beta[:, None]
+        g_v = tl.zeros([BT, BV], dtype=tl.float32)
+        g_v += b_dz
+        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=m_rv)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
     m_lt = o_t[:, None] > o_t[None, :]
     b_dm = tl.where(m_lt, -b_dm, 0.)
@@ -1094,20 +1101,21 @@ def chunk_bwd_intra_kernel(
     # tied keys: one adjoint for both roles of a
     tl.store(pa_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], b_da + b_de, mask=m_ik)
 # ---- backward stage grads (docs/chunk_forms.md §8 steps 3-5): per chunk, the gradients of the chunk operands -------
-#   q̂ (query), a (write key), e (erase key), β, z (target), and the log-gate (reverse cumsum of
+#   q̂ (query), a (write key), e (erase key), β, and the log-gate (reverse cumsum of
 #   db = q̂ ⊙ dq̂ + e ⊙ de − a ⊙ da + end-of-chunk terms); loops over dv blocks, then adds the score pairs' shares
 #   that bwd_scores and bwd_intra formed once per chunk (per-channel decay: 16×16 sub-blocks).
 #   One program per chunk, head and block of BK key channels; per-token
 #   sums over the key channels (dβ) are left as one partial per key block (NKG of them), the full-width
-#   terms counted by block 0; the token-level adjoint of z is written by block 0.
-#   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n:
-#   dY = Aiᵀ dU, dZ = β ⊙ dY, dM = −dY Uᵀ (strictly lower), dL' = Diag(β) dM, dβ = Σ dY ⊙ V' + Σ dM ⊙ L'.
+#   terms counted by block 0.
+#   With M = I + Diag(β)L', Ai = M⁻¹, U = Ai Diag(β) V', V' = Z − (E ⊙ e^B) H_n: the erase rows' adjoint
+#   dW = Σ_v dY Hᵀ from bwd_scores' dY = Aiᵀ dU (which also formed dZ = β ⊙ dY, dM = −dY Uᵀ, dL' = Diag(β) dM and
+#   dβ's c×c share Σ dY ⊙ V' + Σ dM ⊙ L', once per chunk).
 @triton.jit
 def chunk_bwd_grad_kernel(
-    p_q, p_k, p_beta, g_buf, t_buf, h_buf, vn_buf, do_buf, dh_buf, du_buf, abeta_buf, ag_buf, dbc_buf, pq_buf,
-    pa_buf, dx_q, dx_k, dx_v, dx_g, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, NKG: tl.constexpr,
+    p_q, p_k, p_beta, g_buf, h_buf, vn_buf, do_buf, dh_buf, abeta_buf, ag_buf, dbc_buf, pq_buf, pa_buf, dy_buf,
+    dx_q, dx_k, dx_g, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    NKG: tl.constexpr,
 ):
     i_c = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -1126,7 +1134,6 @@ def chunk_bwd_grad_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
-    b_ai = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     b_dew = tl.zeros([BT, BK], dtype=tl.float32)
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_das = tl.zeros([BT, BK], dtype=tl.float32)
@@ -1141,16 +1148,12 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
+        b_dy = tl.load(dy_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
-        b_dy = _mm(tl.trans(b_ai), b_du, DT_ID)
+        # dY = Aiᵀ dU is bwd_solve's or bwd_scores', in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
-        b_dz = b_dy * b_beta[:, None]
-        g_v = tl.zeros([BT, BV], dtype=tl.float32)
-        g_v += b_dz
-        tl.store(dx_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(g_v, dx_v, DT_ID), mask=tl.where(i_k == 0, m_rv, False))
     # the key-channel operands are loaded after the loop over dv, which does not read them
     _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
@@ -1263,9 +1266,9 @@ _KERNEL_ARGS = {
     'chunk_output_kernel': ('s_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'dy_buf', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'du_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dx_q', 'dx_k', 'dx_v', 'dx_g', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'dy_buf', 'dx_q', 'dx_k', 'dx_g', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('abeta_buf', 'dx_beta', 'cu_seqlens', 'chunk_indices', 'TT', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
@@ -1882,6 +1885,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
     make["dsl_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dL
     make["dbc_buf"] = (TT * HV, fp32)  # bwd_scores.dbeta_c
+    make["dy_buf"] = (TT * HV * DV, dt)  # bwd_scores.dY
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
     make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair

@@ -997,7 +997,7 @@ def chunk_bwd_grad_kernel(
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
-        # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
+        # dY = Aiᵀ dU is bwd_solve's or bwd_scores', in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
     # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
