@@ -10,9 +10,10 @@ order (`UNTIED_RULES` replaces the interaction's template for the untied DPLR fa
 and recomputed stages decide what a training forward returns and what the backward reruns. Structure enters the
 templates through hooks: `decay_hook` (codegen/decay.py) for the decay kind — every decay factor, the chunk's gate
 loads and the log-gate gradient's per-kind steps, with "" for a factor and an OMIT line (dropped by render_chunk) for
-a statement that no decay needs — and `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV,
-warps, stages) come from the per-stage table in codegen/launch.py; every kernel takes only the parameters its body
-uses.
+a statement that no decay needs —, bwd_grads' pair-source hook files (chunk_bwd_pairs_{fused,solve,intra}.jinja, the
+same macros in each: where the score pairs' gradients come from) and `_Emitter` for the spec's expressions on tile
+loads. Launch settings (BK, BV, warps, stages) come from the per-stage table in codegen/launch.py; every kernel takes
+only the parameters its body uses.
 `runtime.compile.load_chunk(ir)` writes that source to a cache directory and imports it (Triton needs real
 source files). `supports_chunk(ir)` says whether this generator handles a spec, and why not.
 
@@ -44,7 +45,8 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
     bwd_state_pass       reverse over chunks: dU = dU_local + (A⊙e^{b_c−B}) dH_{n+1},
                          dH_n = e^{b_c} dH_{n+1} + scale (Q̂⊙e^B)ᵀ dO − Wᵀ dU (+ residual-route terms)
     bwd_scores           per-channel decay: the score matrices' gradients dS, dL' (and dβ's c×c share), once
-                         per chunk and head, to memory
+                         per chunk and head, to memory; for the delta family also dY = Aiᵀ dU, dZ and the value
+                         inputs' gradients
     bwd_intra            per-channel decay: the pair gradients of the decayed scores on 16×16 sub-blocks (one
                          reference per off-diagonal block, the diagonal blocks token by token)
     bwd_solve            delta family, scalar or no decay: once per chunk and head, the c×c adjoints (dS = dO Uᵀ,
@@ -53,7 +55,7 @@ Backward stages (docs/chunk_forms.md §8; `chunk_backward(...)` recomputes the f
     bwd_grads            per chunk and key block: gradients of q̂, the write/erase keys, the target, β and the
                          log-gate (per-channel pairs from bwd_intra; the delta family's c×c adjoints from bwd_solve,
                          its launch then bwd_key_grads; the additive family's score pairs as masked matmuls; dg =
-                         reverse cumsum of db)
+                         reverse cumsum of db); the delta family reads dY instead of forming it per key block
     bwd_curvature_sums   CCQ: C_n, m_n formed again (the forward's curvature_state kernel), for bwd_curvature_query
     bwd_curvature_query  CCQ, per chunk in parallel: the sums' share of dq, dλ
     bwd_curvature_carry  CCQ, reverse over chunks per [BK, BV] tile of D = dC_final + Σ dC_t: D_n (and dm_c) of every
@@ -428,6 +430,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan), split=split,
+                # where bwd_grads' score pairs come from: its hook file (chunk_bwd_pairs_<source>.jinja)
+                pair_source="intra" if "bwd_intra" in bplan.kinds() else "solve" if split else "fused",
                 reads_dy=value_side_once(plan),  # bwd_grads reads dY from bwd_solve or bwd_scores
                 intra_diag=intra.attr("diag_blocks") if intra else None,
                 INTRA_RANGE_LOG2=intra.attr("diag_range_log2") if intra else None,
@@ -667,6 +671,7 @@ def _context(ir: IR) -> dict:
     decls = ",\n    ".join(repr(d) for d in ir.inputs)
     diag = ir.precond.diag
     ctx = dict(
+        omit=OMIT,  # a line a template hook leaves out (render_chunk drops it)
         name=ir.name,
         ir_text=_ir_comment(ir),
         decls=decls,
@@ -746,7 +751,8 @@ def _context(ir: IR) -> dict:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False, split=False, reads_dy=False, grads_launch="bwd_grads", intra_diag=None,
+                   tied_keys=False, split=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",
+                   intra_diag=None,
                    INTRA_RANGE_LOG2=None,
                    precond_code=("", ""), backward_buffer_code="", direct_gate=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs

@@ -635,7 +635,6 @@ def chunk_bwd_grad_kernel(
     b_ds = tl.where(m_le, b_ds * scale, 0.)
     b_dq = _mm(b_ds, b_a, DT_ID)
     b_da = _mm(tl.trans(b_ds), b_q, DT_ID)
-
     b_dqs = b_dqh * scale
     b_dq += b_dqs
     g_q = tl.zeros([BT, BK], dtype=tl.float32)

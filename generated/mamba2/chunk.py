@@ -744,7 +744,6 @@ def chunk_bwd_grad_kernel(
     b_dsd = b_ds * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
     b_dq = _mm(b_dsd, b_a, DT_ID)
     b_da = _mm(tl.trans(b_dsd), b_q, DT_ID)
-
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     b_db += tl.sum(tl.where(m_rk, b_q * b_dqs, 0.), 1)

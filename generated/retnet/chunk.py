@@ -704,7 +704,6 @@ def chunk_bwd_grad_kernel(
     b_dsd = b_ds * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.))
     b_dq = _mm(b_dsd, b_a, DT_ID)
     b_da = _mm(tl.trans(b_dsd), b_q, DT_ID)
-
     b_dqs = b_dqh * (scale * b_eb)
     b_dq += b_dqs
     g_q = tl.zeros([BT, BK], dtype=tl.float32)
