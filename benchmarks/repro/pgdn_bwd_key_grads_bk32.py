@@ -1,7 +1,7 @@
 """Standalone launch of dgps's generated `chunk_bwd_grad_kernel` (spec pgdn, shape B T H D = 1 256 2 128, launch
 setting "bwd_key_grads=32,64,4,1"), written by `python benchmarks/triton_repro.py pgdn chunk_bwd_grad_kernel --launch "bwd_key_grads=32,64,4,1" --shape 1 256 2 128`
 with triton 3.6.0. Float buffers hold random values; index tensors hold the host's.
-sm_90 (triton.compile without a GPU): 198 registers, 0 B spill, 28672 B (0x7000) of shared memory per program.
+sm_90 (triton.compile without a GPU): 200 registers, 0 B spill, 28672 B (0x7000) of shared memory per program.
 
     compute-sanitizer --tool memcheck python3 {this file}        # sm_90
     TRITON_INTERPRET=1 python3 {this file} --device cpu          # the Triton interpreter
@@ -117,15 +117,15 @@ def chunk_bwd_grad_kernel(
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
+    i_c = tl.program_id(1)
+    i_hv = tl.program_id(2)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     t0 = bos + i_tc * BT
-    i_k = tl.program_id(2)
+    i_k = tl.program_id(0)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
     o_t = tl.arange(0, BT)
@@ -152,7 +152,7 @@ def chunk_bwd_grad_kernel(
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)
         b_dhc += tl.sum(b_h * b_dh, 1)
-        # dY = Aiᵀ dU is bwd_solve's, in the input dtype (the product rounds it to that anyway)
+        # dY = Aiᵀ dU is bwd_solve's or bwd_scores', in the input dtype (the product rounds it to that anyway)
         b_dew += _mm(b_dy, tl.trans(b_h), DT_ID)
     # the key-channel operands are loaded after the loop over dv, which does not read them; a plain input stays in
     # its dtype, converted where an fp32 product reads it (sm_90, gdn at dk = 128, 4 warps: 48 B spill, 88 B with fp32
@@ -239,7 +239,7 @@ def main() -> None:
     pn_k = torch.empty_strided((65536,), (1,), dtype=torch.bfloat16, device=dev).normal_()
     cu_seqlens = torch.tensor([0, 256], dtype=torch.int32, device=dev).reshape((2,))
     chunk_indices = torch.tensor([0, 0, 0, 1, 0, 2, 0, 3], dtype=torch.int32, device=dev).reshape((8,))
-    chunk_bwd_grad_kernel[(4, 2, 4)](
+    chunk_bwd_grad_kernel[(4, 4, 2)](
         scale=0.08838834764831845,
         TT=256,
         H=2,
