@@ -429,7 +429,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
-                intra="bwd_intra" in bplan.kinds(), tied_keys=tied_keys_of(plan), split=split,
+                tied_keys=tied_keys_of(plan),
                 # where bwd_grads' score pairs come from: its hook file (chunk_bwd_pairs_<source>.jinja)
                 pair_source="intra" if "bwd_intra" in bplan.kinds() else "solve" if split else "fused",
                 reads_dy=value_side_once(plan),  # bwd_grads reads dY from bwd_solve or bwd_scores
@@ -750,8 +750,8 @@ def _context(ir: IR) -> dict:
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
                    bwd_kept_buffers=[], cp_backward_launches=[],
-                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART}, intra=False,
-                   tied_keys=False, split=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",
+                   backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART},
+                   tied_keys=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",
                    intra_diag=None,
                    INTRA_RANGE_LOG2=None,
                    precond_code=("", ""), backward_buffer_code="", direct_gate=None)
