@@ -10,8 +10,12 @@
 #   checks:  GPU gradient checks of the vector specs and pgdn (bf16, worst relative error over o, states, gradients).
 #   tables:  the scalar and vector FLA tables with profiles and accuracy, then both variant families (3 reps).
 #   repro:   the two Triton 3.6 sm_90 faults as standalone files (benchmarks/repro/), plain, then under memcheck.
+#   tune:    the vector family's bwd_grads at BK 64 / 8 warps against the shipped BK 32 / 4 (pkda's shipped BK 64 / 8
+#            against BK 32 / 4): with dY read instead of formed, BK 64 / 8 warps no longer spills (compile report, sm_90,
+#            dk = 128: kda 249 registers, gdn2 246, pkda 255, none; BK 64 / 4 warps spills 1040 B), and two key blocks
+#            per chunk read the value tiles half as often. Prediction: within ±10 %, sign unknown.
 #   all:     checks, tables and repro in one call (~450 s warm; give it the 600 s limit).
-# Usage: bash benchmarks/runs/2026-12-06_run101.sh checks|tables|repro|all   (writes under $OUT)
+# Usage: bash benchmarks/runs/2026-12-06_run101.sh checks|tables|repro|tune|all   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -32,11 +36,18 @@ repro() {
     timeout 120 compute-sanitizer --tool memcheck --print-limit 2 python3 "$f" 2>&1 | q | grep -v "Host Frame" | head -12
   done
 }
+tune() {
+  for s in kda gdn2 pkda; do
+    timeout 150 python3 benchmarks/tune.py $s --stages bwd_grads --configs 32,64,4,1 64,64,8,1 \
+        --json $OUT/run101_tune_${s}_grads.json 2>&1 | q | tail -3
+  done
+}
 case "$1" in
 checks) checks ;;
+tune) tune ;;
 tables) tables ;;
 repro) repro ;;
 all) checks; tables; repro ;;
-*) echo "usage: $0 checks|tables|repro|all"; exit 2 ;;
+*) echo "usage: $0 checks|tables|repro|tune|all"; exit 2 ;;
 esac
 echo "== done"
