@@ -67,10 +67,6 @@ def jit_sources(module_file: str, kernel: str) -> str:
     return "\n\n\n".join(out)
 
 
-def _dtype(t: torch.dtype) -> str:
-    return str(t)  # torch.bfloat16 -> "torch.bfloat16"
-
-
 def argument_lines(bound: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(statements building the tensors, `name=value` items of the launch) for a recorded launch."""
     build, items = [], []
@@ -78,13 +74,13 @@ def argument_lines(bound: dict[str, Any]) -> tuple[list[str], list[str]]:
         if isinstance(v, torch.Tensor):
             shape, stride = tuple(v.shape), tuple(v.stride())
             if not v.is_floating_point() and v.numel() <= INDEX_VALUES_MAX:
-                build.append(f"{name} = torch.tensor({v.flatten().tolist()}, dtype={_dtype(v.dtype)}, "
+                build.append(f"{name} = torch.tensor({v.flatten().tolist()}, dtype={v.dtype}, "
                              f"device=dev).reshape({shape})")
             elif v.is_floating_point():
-                build.append(f"{name} = torch.empty_strided({shape}, {stride}, dtype={_dtype(v.dtype)}, "
+                build.append(f"{name} = torch.empty_strided({shape}, {stride}, dtype={v.dtype}, "
                              f"device=dev).normal_()")
             else:
-                build.append(f"{name} = torch.zeros({shape}, dtype={_dtype(v.dtype)}, device=dev)")
+                build.append(f"{name} = torch.zeros({shape}, dtype={v.dtype}, device=dev)")
             items.append(f"{name}={name}")
         else:
             items.append(f"{name}={v!r}")
@@ -104,6 +100,8 @@ def sm90_summary(fn: Any, bound: dict[str, Any]) -> str:
 
 
 def reproducer(spec: str, kernel: str, launch: str, shape: list[int], occurrence: int) -> str:
+    import triton
+
     import dgps
     from dgps.codegen.launch import parse_launch_overrides
     from dgps.runtime.compile import load_chunk
@@ -131,7 +129,7 @@ def reproducer(spec: str, kernel: str, launch: str, shape: list[int], occurrence
     args = ",\n        ".join(items)
     return f'''"""Standalone launch of dgps's generated `{kernel}` (spec {rec.name}, shape B T H D = {B} {T} {H} {D}, launch
 setting "{launch}"), written by `{cmd}`
-with triton {__import__("triton").__version__}. Float buffers hold random values; index tensors hold the host's.
+with triton {triton.__version__}. Float buffers hold random values; index tensors hold the host's.
 {summary}.
 
     compute-sanitizer --tool memcheck python3 {{this file}}        # sm_90

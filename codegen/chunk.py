@@ -752,8 +752,7 @@ def _context(ir: IR) -> dict:
                    bwd_kept_buffers=[], cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART},
                    tied_keys=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",
-                   intra_diag=None,
-                   INTRA_RANGE_LOG2=None,
+                   intra_diag=None, INTRA_RANGE_LOG2=None,
                    precond_code=("", ""), backward_buffer_code="", direct_gate=None)
     # the plan's launches and the attributes the templates follow; split_keys: the state passes (forward, when it runs
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)

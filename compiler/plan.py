@@ -959,17 +959,17 @@ def _bwd_scores(p: Plan) -> Stage | None:
     delta = p.family == "tied"
     residual = p.structure.route == "residual"
     outs = [Operand("dSqa", MATRIX, "fp32")]
-    dbeta = beta_gradient(p)
-    if delta:
-        outs += [Operand("dL", MATRIX, "fp32")] + ([Operand("dbeta_c", "[B,T,HV]", "fp32")] if dbeta else [])
-    reads = ("state_pass.U",) + (("triangular_solve.Tm", "interaction.L") if delta else ())
-    form = "dSqa = scale mask(dO U^T)" + ("; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" if delta else "") + \
-        ("; dbeta_c = sum dY Z + sum dM L'" if delta and dbeta else "")
-    if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
-        form = "dSqa = scale mask(dO U^T); dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
-            ("; dbeta_c = sum dU R + column sums of dN L'" if dbeta else "")
+    form = "dSqa = scale mask(dO U^T)"
     attrs: tuple[tuple[str, Any], ...] = ()
-    if delta:  # value_side_once: dY, dZ and the value inputs' gradients, once per chunk
+    if delta:
+        dbeta = beta_gradient(p)
+        outs += [Operand("dL", MATRIX, "fp32")] + ([Operand("dbeta_c", "[B,T,HV]", "fp32")] if dbeta else [])
+        if residual:  # the solve's form (residual_solve): T = (I + L' Diag(beta))^-1, U = beta R (R stored)
+            form += "; dY = T^T (beta dU + dR), dN = -dY R^T, dL' = dN Diag(beta)" + \
+                ("; dbeta_c = sum dU R + column sums of dN L'" if dbeta else "")
+        else:
+            form += "; dY = Ai^T dU, dM = -dY U^T, dL' = beta dM" + ("; dbeta_c = sum dY Z + sum dM L'" if dbeta else "")
+        # value_side_once: dY, dZ and the value inputs' gradients, once per chunk
         outs.append(Operand("dY", "[B,T,HV,dv]", "in"))
         if "dz" in stored_adjoints(p):
             outs.append(Operand("dz", "[B,T,HV,dv]", "fp32"))
@@ -977,6 +977,7 @@ def _bwd_scores(p: Plan) -> Stage | None:
         form += "; dY in the input dtype"
         if _value_grads(p):
             attrs += (("fused", "bwd_inputs for " + ", ".join(f"grad_{n}" for n in _value_grads(p))),)
+    reads = ("state_pass.U",) + (("triangular_solve.Tm", "interaction.L") if delta else ())
     ins = ("dO", "dU") + (("dR",) if residual else ())
     return Stage("bwd_scores", "bwd_scores", ins, tuple(outs), (("form", form), ("reads", reads)) + attrs)
 
