@@ -94,7 +94,7 @@ def sass_counts(sass: str) -> dict[str, int]:
     return out
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int, dict[str, int]]:
+def _resource_usage(cubin: bytes, sass_path: Path | None = None) -> tuple[int, int, dict[str, int]]:
     """(registers, spill bytes per thread, SASS counts) of a cubin, read by the cuobjdump shipped with triton.
 
     A Triton kernel has no stack arrays or recursion, so its stack frame (and any local memory) is
@@ -108,17 +108,20 @@ def _resource_usage(cubin: bytes) -> tuple[int, int, dict[str, int]]:
         path.write_bytes(cubin)
         out = subprocess.run([str(exe), "--dump-resource-usage", "--dump-sass", str(path)], capture_output=True,
                              text=True, check=True).stdout
+    if sass_path is not None:
+        sass_path.write_text(out)
     regs = max((int(x) for x in re.findall(r"REG:(\d+)", out)), default=0)
     stack = max((int(x) for x in re.findall(r"STACK:(\d+)", out)), default=0)
     local = max((int(x) for x in re.findall(r"LOCAL:(\d+)", out)), default=0)
     return regs, max(stack, local), sass_counts(out)
 
 
-def _compile(fn, args: tuple, kwargs: dict) -> tuple[int, int, int, str, dict[str, int]]:  # noqa: ANN001
+def _compile(fn, args: tuple, kwargs: dict, sass_path: Path | None = None  # noqa: ANN001
+             ) -> tuple[int, int, int, str, dict[str, int]]:
     from .warmup import _compile_for
 
     compiled = _compile_for(fn, kwargs, HOPPER, args)  # as the package's own launch would specialise it
-    regs, spills, sass = _resource_usage(compiled.asm["cubin"])
+    regs, spills, sass = _resource_usage(compiled.asm["cubin"], sass_path)
     config = f"warps={compiled.metadata.num_warps} stages={compiled.metadata.num_stages}"
     return regs, spills, int(compiled.metadata.shared), config, sass
 
@@ -138,7 +141,8 @@ def aot_report(rec: Recurrence, dims: tuple[int, ...] = (64, 128), T: int = 256)
     return [KernelReport(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[KernelReport]:
+def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int, sass_dir: Path | None = None
+                     ) -> list[KernelReport]:
     from ..codegen.package import cache_key
     from .compile import import_package, write_package
     from .reference import initial_states
@@ -184,8 +188,11 @@ def _aot_report_here(rec: Recurrence, dims: tuple[int, ...], T: int) -> list[Ker
                         continue
                     seen.add(key)
                     module = fn.fn.__module__.rsplit(".", 1)[-1]
+                    sass_path = None
+                    if sass_dir is not None:
+                        sass_path = sass_dir / f"{fn.__name__}_d{d}_{len(seen)}.sass"
                     try:
-                        regs, spills, shared, config, sass = _compile(fn, args, kwargs)
+                        regs, spills, shared, config, sass = _compile(fn, args, kwargs, sass_path)
                         reports.append(KernelReport(module, fn.__name__, d, d, config, regs, spills, shared, True,
                                                     sass=sass))
                     except Exception as e:  # noqa: BLE001 - a compile failure is the report's finding
@@ -206,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="AOT-compile a spec's kernels for sm_90; spec text on stdin")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--T", type=int, default=256)
+    parser.add_argument("--sass", type=Path, default=None, metavar="DIR",
+                        help="also write each kernel's SASS (cuobjdump) to DIR/<kernel>_d<dim>_<n>.sass")
     args = parser.parse_args(argv)
     rec = load(sys.stdin.read(), filename="<stdin>")
-    rows = _aot_report_here(rec, tuple(args.dims), args.T)
+    if args.sass is not None:
+        args.sass.mkdir(parents=True, exist_ok=True)
+    rows = _aot_report_here(rec, tuple(args.dims), args.T, args.sass)
     print(json.dumps([dataclasses.asdict(r) for r in rows]))
     return 0
 

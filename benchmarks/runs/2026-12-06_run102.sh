@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run 102 (twenty-third session): Nsight Compute on the PDN statistic's two kernels, before restructuring them.
+# Question: are chunk_precond_diag (0.18 ms, H100 run 99) and chunk_bwd_precond_diag (0.375 ms) bound by instruction
+# issue (the NOTES' reading of run 59: the tuple scans' shuffles, 217 SHFL of the backward's 1664 SASS instructions,
+# and the map's transcendentals), by latency (64 sequences × heads × 8-16 key-channel blocks, each sequential over 32
+# steps), or by DRAM? Prediction: issue-active ≥ 60 % and DRAM throughput ≤ 40 % of peak for both (instruction-bound);
+# if instead "stall long scoreboard" dominates the warp states and issue-active is low, latency is what to remove
+# (more, chunk-parallel programs), not instructions.
+# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu   (writes under $OUT)
+. benchmarks/device_env.sh || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+ncu_pdn() {
+  timeout 300 ncu --clock-control none --profile-from-start off -k regex:'precond_diag' \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --csv \
+      python3 benchmarks/ncu_step.py --systems precond_gdn > $OUT/run102_ncu_pdn.csv 2> $OUT/run102_ncu_pdn.err
+  tail -3 $OUT/run102_ncu_pdn.err
+  python3 - <<'PY'
+import csv, os
+rows = list(csv.reader(open(os.environ["OUT"] + "/run102_ncu_pdn.csv")))
+head = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+cols = rows[head]
+want = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "Issue Slots Busy",
+        "Issued Warp Per Scheduler", "Achieved Occupancy", "Theoretical Occupancy", "Stall Long Scoreboard",
+        "Stall Barrier", "Stall Short Scoreboard", "Stall Wait", "Stall Math Pipe Throttle", "Warp Cycles Per Issued Instruction",
+        "Registers Per Thread", "Grid Size", "Block Size")
+for r in rows[head + 1:]:
+    d = dict(zip(cols, r))
+    name, metric = d.get("Kernel Name", "")[:40], d.get("Metric Name", "")
+    if any(w in metric for w in want):
+        print(name, "|", metric, "|", d.get("Metric Value"), d.get("Metric Unit"))
+PY
+}
+case "$1" in
+ncu) ncu_pdn ;;
+*) echo "usage: $0 ncu"; exit 2 ;;
+esac
+echo "== done"
