@@ -6,7 +6,11 @@
 # steps), or by DRAM? Prediction: issue-active ≥ 60 % and DRAM throughput ≤ 40 % of peak for both (instruction-bound);
 # if instead "stall long scoreboard" dominates the warp states and issue-active is low, latency is what to remove
 # (more, chunk-parallel programs), not instructions.
-# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu   (writes under $OUT)
+# forms: benchmarks/pdn_forms.py, prototypes of the forward (the in-chunk scan as one tf32x3 product M X; a light
+#        sequential carry pass + a chunk-parallel map pass) against the shipped kernel, same inputs, interleaved.
+#        Prediction: if the shipped forward is instruction-bound, seq_dot BK16 ~0.6-0.7× its time; par_dot ~0.5×
+#        (its map pass moves 192 MiB at full occupancy: ~0.06 ms on an H100, the carry ~0.02-0.03).
+# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu|forms|both   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 ncu_pdn() {
@@ -30,8 +34,11 @@ for r in rows[head + 1:]:
         print(name, "|", metric, "|", d.get("Metric Value"), d.get("Metric Unit"))
 PY
 }
+forms() { timeout 240 python3 benchmarks/pdn_forms.py --reps 7 2>&1 | grep -v -i warn | tail -20; }
 case "$1" in
 ncu) ncu_pdn ;;
-*) echo "usage: $0 ncu"; exit 2 ;;
+forms) forms ;;
+both) forms; ncu_pdn ;;
+*) echo "usage: $0 ncu|forms|both"; exit 2 ;;
 esac
 echo "== done"

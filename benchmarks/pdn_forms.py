@@ -1,0 +1,226 @@
+"""Prototype forms of the PDN statistic's forward pass (docs/chunk_forms.md §5), timed against the generated kernel.
+
+The statistic is a per-channel decayed scan with one decay per token (pgdn, pkda: gP is `token log_gate key_head`):
+    A_t = e^{gP_t} A_{t-1} + βP_t k_t²,   k̃_t = k_t ⊙ exp(−ln 1.5 · softsign(ln(A_t + 1e-6) − μ)).
+The shipped kernel (chunk_precond_diag_kernel) runs one program per (sequence, head, BK channels), sequential over
+steps of 128 rows, each step a tuple associative scan. The prototypes here:
+  seq_dot:  the same program grid, one chunk per step, the in-chunk scan as one product M X with
+            M[t, s] = 2^{C_t − C_s} (s ≤ t, every factor ≤ 1) on tensor cores (tf32x3: fp32-class accuracy);
+  par_dot:  chunk-parallel: a light sequential pass forms only the chunk-start carries A_n (one weighted row sum per
+            chunk, no scan, no map), then a chunk-parallel pass forms M X + 2^{C} A_n, the map and k̃.
+Every form writes k̃ (fp32) and A_n, as the training forward does.
+
+    TRITON_INTERPRET=1 python benchmarks/pdn_forms.py --check          # CPU: every form against float64
+    python benchmarks/pdn_forms.py --reps 7                              # GPU: interleaved medians, ms
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN15 = math.log(1.5)
+
+
+@triton.jit
+def _map(b_stat, b_k, mu):
+    x = tl.log(b_stat + 1e-6) - mu
+    return b_k * tl.exp(-0.4054651081081644 * (x / (1.0 + tl.abs(x))))
+
+
+@triton.jit
+def _chunk_decays(gp, bp, rows, m_r, H: tl.constexpr, i_h):
+    """Per-token log2 decays (floored at −64, as the shipped kernels), their chunk-local inclusive sums, the gains."""
+    b_c = tl.load(gp + rows * H + i_h, mask=m_r, other=0.)
+    b_c = tl.where(m_r, tl.maximum(b_c * 1.4426950408889634, -64.0), 0.)
+    b_b = tl.load(bp + rows * H + i_h, mask=m_r, other=0.)
+    return tl.cumsum(b_c, 0), b_b
+
+
+@triton.jit
+def pdn_seq_dot_kernel(k, gp, bp, mu, a0, kt, an, a_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, PREC: tl.constexpr):
+    i_nh = tl.program_id(0)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    m_le = o_t[:, None] >= o_t[None, :]
+    b_A = tl.load(a0 + (i_n * H + i_h) * D + o_k)
+    b_mu = tl.load(mu + i_h)
+    NT: tl.constexpr = (T + BT - 1) // BT
+    for i_t in range(0, NT):
+        rows = i_n * T + i_t * BT + o_t
+        m_r = i_t * BT + o_t < T
+        b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        b_x = b_k * b_k * b_b[:, None]
+        b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
+        tl.store(an + ((i_n * NT + i_t) * H + i_h) * D + o_k, b_A)
+        b_stat = tl.dot(b_M, b_x, input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+        tl.store(kt + (rows[:, None] * H + i_h) * D + o_k[None, :], _map(b_stat, b_k, b_mu), mask=m_r[:, None])
+        c_end = tl.sum(tl.where(o_t == tl.max(tl.where(m_r, o_t, 0), 0), b_C, 0.), 0)
+        b_A = tl.exp2(c_end) * b_A + tl.sum(tl.where(m_r, tl.exp2(c_end - b_C), 0.)[:, None] * b_x, 0)
+    tl.store(a_out + (i_n * H + i_h) * D + o_k, b_A)
+
+
+@triton.jit
+def pdn_carry_kernel(k, gp, bp, a0, an, a_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr):
+    """Only the chunk-start carries: per chunk one weighted row sum Σ_s 2^{C_end − C_s} x_s."""
+    i_nh = tl.program_id(0)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    b_A = tl.load(a0 + (i_n * H + i_h) * D + o_k)
+    NT: tl.constexpr = (T + BT - 1) // BT
+    for i_t in range(0, NT):
+        rows = i_n * T + i_t * BT + o_t
+        m_r = i_t * BT + o_t < T
+        b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        tl.store(an + ((i_n * NT + i_t) * H + i_h) * D + o_k, b_A)
+        c_end = tl.sum(tl.where(o_t == tl.max(tl.where(m_r, o_t, 0), 0), b_C, 0.), 0)
+        b_w = tl.where(m_r, tl.exp2(c_end - b_C) * b_b, 0.)
+        b_A = tl.exp2(c_end) * b_A + tl.sum(b_w[:, None] * b_k * b_k, 0)
+    tl.store(a_out + (i_n * H + i_h) * D + o_k, b_A)
+
+
+@triton.jit
+def pdn_map_kernel(k, gp, bp, mu, kt, an, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   PREC: tl.constexpr):
+    """Chunk-parallel: the chunk's statistic M X + 2^C A_n, the map, k̃."""
+    i_t = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    NT: tl.constexpr = (T + BT - 1) // BT
+    o_t = tl.arange(0, BT)
+    m_le = o_t[:, None] >= o_t[None, :]
+    rows = i_n * T + i_t * BT + o_t
+    m_r = i_t * BT + o_t < T
+    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+    b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
+    b_mu = tl.load(mu + i_h)
+    for i_k in range(0, D // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
+        b_stat = tl.dot(b_M, b_k * b_k * b_b[:, None], input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+        tl.store(kt + (rows[:, None] * H + i_h) * D + o_k[None, :], _map(b_stat, b_k, b_mu), mask=m_r[:, None])
+
+
+def reference(k, gp, bp, mu, a0):
+    """float64, token by token."""
+    B, T, H, D = k.shape
+    A = a0.double()
+    kd, g, b = k.double(), gp.double().clamp_min(-64 / LOG2E), bp.double()
+    kt = torch.empty(B, T, H, D, dtype=torch.float64)
+    for t in range(T):
+        A = torch.exp(g[:, t])[..., None] * A + b[:, t][..., None] * kd[:, t] ** 2
+        x = torch.log(A + 1e-6) - mu.double()[None, :, None]
+        kt[:, t] = kd[:, t] * torch.exp(-LN15 * x / (1 + x.abs()))
+    return kt, A
+
+
+def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):
+    """The generated package's kernel (generated/pgdn), called with the layout its host gives it."""
+    from dgps.generated.pgdn import chunk as pg
+
+    B, T, H, D = k.shape
+    cu = torch.arange(0, B + 1, device=k.device, dtype=torch.int32) * T
+    offs = torch.arange(0, B + 1, device=k.device, dtype=torch.int32) * triton.cdiv(T, 64)
+    grid = (B * H, triton.cdiv(D, BK))
+    pg.chunk_precond_diag_kernel[grid](gp, bp, mu, kt, a0, a_out, an, k, cu, offs, H=H, HP=H, G=1, DK=D, BT=64,
+                                       BTS=128, BK=BK, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", KEEP=True,
+                                       num_warps=warps, num_stages=stages)
+
+
+def forms(k, gp, bp, mu, a0, prec):
+    B, T, H, D = k.shape
+    NT = triton.cdiv(T, 64)
+    out = {}
+
+    def buffers():
+        return (torch.empty(B, T, H, D, device=k.device), torch.empty(B, NT, H, D, device=k.device),
+                torch.empty(B, H, D, device=k.device))
+
+    def run_shipped():
+        kt, an, af = buffers()
+        shipped(k, gp, bp, mu, a0, kt, an, af)
+        return kt, af
+
+    out["shipped"] = run_shipped
+    # settings without a spill (sm_90 compile report at dk = 128, tf32x3)
+    for BK, w in ((16, 4), (32, 8), (64, 8)):
+        def run_seq(BK=BK, w=w):
+            kt, an, af = buffers()
+            pdn_seq_dot_kernel[(B * H, D // BK)](k, gp, bp, mu, a0, kt, an, af, T, H, D, 64, BK, prec, num_warps=w,
+                                                 num_stages=2)
+            return kt, af
+        out[f"seq_dot BK{BK} {w}w"] = run_seq
+    for BKc, BKm, wm in ((16, 32, 4), (8, 32, 4), (16, 128, 8), (8, 128, 8)):
+        def run_par(BKc=BKc, BKm=BKm, wm=wm):
+            kt, an, af = buffers()
+            pdn_carry_kernel[(B * H, D // BKc)](k, gp, bp, a0, an, af, T, H, D, 64, BKc, num_warps=4, num_stages=2)
+            pdn_map_kernel[(NT, B * H)](k, gp, bp, mu, kt, an, T, H, D, 64, BKm, prec, num_warps=wm, num_stages=2)
+            return kt, af
+        out[f"par_dot carry BK{BKc} map BK{BKm} {wm}w"] = run_par
+        if BKm == 32:
+            def run_carry(BKc=BKc):
+                kt, an, af = buffers()
+                pdn_carry_kernel[(B * H, D // BKc)](k, gp, bp, a0, an, af, T, H, D, 64, BKc, num_warps=4, num_stages=2)
+                return kt, af
+            out[f"  (its carry pass alone, BK{BKc})"] = run_carry
+    return out
+
+
+def inputs(B, T, H, D, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).to(torch.bfloat16)
+    gp = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) + 2.0)
+    bp = torch.sigmoid(torch.randn(B, T, H, generator=g))
+    mu = torch.full((H,), -0.2)
+    a0 = torch.rand(B, H, D, generator=g)
+    return [x.to(device) for x in (k, gp, bp, mu, a0)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="compare every form with the float64 reference")
+    p.add_argument("--shape", nargs=4, type=int, default=None, metavar=("B", "T", "H", "D"))
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--prec", default="tf32x3", choices=["tf32", "tf32x3", "ieee"])
+    a = p.parse_args()
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    B, T, H, D = a.shape or ((1, 200, 2, 64) if a.check else (4, 4096, 16, 128))
+    k, gp, bp, mu, a0 = inputs(B, T, H, D, device)
+    ref_kt, ref_a = reference(*(x.cpu() for x in (k, gp, bp, mu, a0)))
+    runs = forms(k, gp, bp, mu, a0, a.prec)
+    for name, fn in runs.items():
+        if name.startswith("  "):
+            continue
+        kt, af = fn()
+        e_kt = ((kt.cpu().double() - ref_kt).norm() / ref_kt.norm()).item()
+        e_a = ((af.cpu().double() - ref_a).norm() / ref_a.norm()).item()
+        print(f"{name:32s} k̃ rel err {e_kt:.2e}  A_final {e_a:.2e}", flush=True)
+    if a.check:
+        return
+    times = {name: [] for name in runs}
+    for _ in range(a.reps):  # interleaved
+        for name, fn in runs.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=5, rep=40))
+    for name, ts in times.items():
+        print(f"{name:32s} {statistics.median(ts):.4f} ms  (min {min(ts):.4f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
