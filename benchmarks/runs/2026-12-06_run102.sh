@@ -34,7 +34,12 @@ for r in rows[head + 1:]:
         print(name, "|", metric, "|", d.get("Metric Value"), d.get("Metric Unit"))
 PY
 }
-forms() { timeout 240 python3 benchmarks/pdn_forms.py --reps 7 2>&1 | grep -v -i warn | tail -20; }
+forms() {
+  for prec in tf32x3 tf32; do
+    timeout 100 python3 benchmarks/pdn_forms.py --reps 7 --prec $prec 2>&1 | grep -v -i warn | tail -20
+    timeout 150 python3 benchmarks/pdn_forms.py --backward --reps 7 --prec $prec 2>&1 | grep -v -i warn | tail -12
+  done
+}
 case "$1" in
 ncu) ncu_pdn ;;
 forms) forms ;;
