@@ -269,7 +269,7 @@ def reference(k, gp, bp, mu, a0):
     return torch.stack(kts, 1), A
 
 
-def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):
+def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):  # noqa: PLR0913
     """The generated package's kernel (generated/pgdn), called with the layout its host gives it."""
     from dgps.generated.pgdn import chunk as pg
 
@@ -278,7 +278,7 @@ def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):
     offs = torch.arange(0, B + 1, device=k.device, dtype=torch.int32) * triton.cdiv(T, 64)
     grid = (B * H, triton.cdiv(D, BK))
     pg.chunk_precond_diag_kernel[grid](gp, bp, mu, kt, a0, a_out, an, k, cu, offs, H=H, HP=H, G=1, DK=D, BT=64,
-                                       BTS=128, BK=BK, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", KEEP=True,
+                                       BTS=pg.BTS, BK=BK, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", KEEP=True,
                                        num_warps=warps, num_stages=stages)
 
 
@@ -293,7 +293,7 @@ def shipped_bwd(k, gp, bp, mu, an, dkt, da_fin, BK=8, warps=4, stages=2):
     parts = [torch.empty(H, NK, B * T, device=k.device) for _ in range(3)]
     pg.chunk_bwd_precond_diag_kernel[(B * H, NK)](
         gp, bp, mu, an, da_fin, da0, dkt, parts[1], k, parts[0], dk, parts[2], cu, offs, B * T, H=H, HV=H, HP=H, G=1,
-        DK=D, BT=64, BTS=128, BK=BK, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", NKP=NK, num_warps=warps,
+        DK=D, BT=64, BTS=pg.BTS, BK=BK, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", NKP=NK, num_warps=warps,
         num_stages=stages)
     return dk, *(x.sum(1).view(H, B, T).permute(1, 2, 0) for x in parts), da0
 

@@ -421,6 +421,13 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
 # backward had run at 1 warp: 0.431 in run 51). A step's cost grows with its rows: the kernels are bound by their
 # instructions per element (the tuple scan's exchanges, the map's transcendentals), not by the steps' latency.
 PDN_SCAN_ROWS = 128
+# How a step forms the statistic's in-chunk recurrence (the decay is one per token, compiler/lower.py): "tuple", a
+# tuple associative scan over the step's rows (log depth: ~7 shuffle levels per element, each on two values); or
+# "product", one chunk per step and the recurrence as one product M X with M[t, s] = 2^{C_t − C_s} (s ≤ t, every
+# factor ≤ 1; C the chunk's cumulated log2 decays, as the chunk kernels' decay matrices) on tensor cores in tf32x3
+# (three tf32 products: fp32-class accuracy), M's transpose giving the backward's reverse recurrence.
+# benchmarks/pdn_forms.py times both forms' kernels against each other.
+PDN_SCAN_FORM = "product"
 
 
 def rule_precond_diag(b: _Builder) -> None:
@@ -436,7 +443,8 @@ def rule_precond_diag(b: _Builder) -> None:
     b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
                                                  b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
-          scan_rows=b.chunk_size * max(1, PDN_SCAN_ROWS // b.chunk_size),
+          scan=PDN_SCAN_FORM,
+          scan_rows=b.chunk_size * (1 if PDN_SCAN_FORM == "product" else max(1, PDN_SCAN_ROWS // b.chunk_size)),
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
 

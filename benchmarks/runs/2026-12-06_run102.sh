@@ -10,7 +10,11 @@
 #        sequential carry pass + a chunk-parallel map pass) against the shipped kernel, same inputs, interleaved.
 #        Prediction: if the shipped forward is instruction-bound, seq_dot BK16 ~0.6-0.7× its time; par_dot ~0.5×
 #        (its map pass moves 192 MiB at full occupancy: ~0.06 ms on an H100, the carry ~0.02-0.03).
-# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu|forms|both   (writes under $OUT)
+# gen:   the generated kernels with the product form (compiler/plan.py PDN_SCAN_FORM = "product", shipped in this
+#        commit) against the tuple scan (--patch ...=tuple), same process, interleaved (kernel_sections.py).
+#        Prediction (compile report, sm_90, dk 128: forward 183-199 registers, backward 230, no spill; SASS 1336 -> 1176
+#        and 1664 -> 1888 static, but no shuffle scans): forward 0.18 -> ~0.12 ms, backward 0.375 -> ~0.25 (H100).
+# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu|forms|both|gen   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 ncu_pdn() {
@@ -40,10 +44,20 @@ forms() {
     timeout 150 python3 benchmarks/pdn_forms.py --backward --reps 7 --prec $prec 2>&1 | grep -v -i warn | tail -12
   done
 }
+gen() {
+  for k in chunk_precond_diag_kernel chunk_bwd_precond_diag_kernel; do
+    for sys in pgdn pkda; do
+      echo "== $sys $k"
+      timeout 120 python3 benchmarks/kernel_sections.py --system $sys --kernel $k --rounds 5 \
+          --patch dgps.compiler.plan.PDN_SCAN_FORM=tuple 2>&1 | grep -v -i warn | tail -3
+    done
+  done
+}
 case "$1" in
+gen) gen ;;
 ncu) ncu_pdn ;;
 forms) forms ;;
 both) forms; ncu_pdn ;;
-*) echo "usage: $0 ncu|forms|both"; exit 2 ;;
+*) echo "usage: $0 ncu|forms|both|gen"; exit 2 ;;
 esac
 echo "== done"
