@@ -14,7 +14,8 @@
 #        commit) against the tuple scan (--patch ...=tuple), same process, interleaved (kernel_sections.py).
 #        Prediction (compile report, sm_90, dk 128: forward 183-199 registers, backward 230, no spill; SASS 1336 -> 1176
 #        and 1664 -> 1888 static, but no shuffle scans): forward 0.18 -> ~0.12 ms, backward 0.375 -> ~0.25 (H100).
-# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu|forms|both|gen   (writes under $OUT)
+# tune:  the product form's launch settings (pgdn; BK 8-32, 2-4 warps).
+# Usage: bash benchmarks/runs/2026-12-06_run102.sh ncu|forms|both|gen|tune   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 ncu_pdn() {
@@ -53,11 +54,16 @@ gen() {
     done
   done
 }
+tune() {
+  timeout 200 python3 benchmarks/tune.py pgdn --stages precond_diag bwd_precond_diag \
+      --configs 8,64,4,2 16,64,4,2 32,64,4,2 16,64,2,2 8,64,2,2 --json $OUT/run102_tune_pgdn.json 2>&1 | grep -v -i warn | tail -4
+}
 case "$1" in
 gen) gen ;;
+tune) tune ;;
 ncu) ncu_pdn ;;
 forms) forms ;;
 both) forms; ncu_pdn ;;
-*) echo "usage: $0 ncu|forms|both|gen"; exit 2 ;;
+*) echo "usage: $0 ncu|forms|both|gen|tune"; exit 2 ;;
 esac
 echo "== done"
