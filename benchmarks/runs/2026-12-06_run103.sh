@@ -16,6 +16,9 @@ main() {
     timeout 90 python3 benchmarks/kernel_sections.py --system pgdn --kernel $k --rounds 5 \
         --patch dgps.compiler.plan.PDN_SCAN_FORM=tuple 2>&1 | q | tail -2
   done
+  echo "== tune (product form)"
+  timeout 150 python3 benchmarks/tune.py pgdn --stages precond_diag bwd_precond_diag \
+      --configs 8,64,4,2 16,64,4,2 32,64,4,2 16,64,2,2 --json $OUT/run103_tune_pgdn.json 2>&1 | q | tail -3
   echo "== checks"
   timeout 120 python3 benchmarks/check_gpu_grads.py --systems pgdn pkda kda gdn2 gla ccq_gla cler_h_kda \
       --dtype bf16 2>&1 | q | tail -8
