@@ -773,7 +773,6 @@ def _context(ir: IR) -> dict:
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
     # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
     ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT,
-               diag_scan=plan.stage("precond_diag").attr("scan") if plan.find("precond_diag") else None,
                partial_offset=PRECOND_PARTIAL)
     if (decay == "vector") != ctx["decay_keys"]:  # the state passes and the output keep no other per-channel path
         raise AssertionError(f"{ir.name}: per-channel decay's state-pass operands come from decay_keys, and only then")

@@ -246,11 +246,6 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # at BK 8 / 1 warp spilled 1016 B (4 warps: 167 registers). At 128 rows (compile report, pgdn, dk = 128, sm_90)
         # forward 96 registers, backward 93, no spill. H200 at 256 rows (run 59): forward 4 warps 0.263 ms, 8 warps
         # 0.236, 2 warps 0.195; backward 4 warps 0.446, 8 warps 0.466, 2 warps 0.482.
-        # The product form (compiler/plan.py PDN_SCAN_FORM, twenty-third session) keeps these settings, untimed: its
-        # kernels hold the chunk's 64 × 64 decay matrix (compile report, pgdn / pkda, dk = 128, sm_90: forward BK 16 /
-        # 4 warps 183-199 registers, backward BK 8 / 4 warps 230, no spill; backward BK 16 / 4 warps spills 32 B,
-        # forward BK 32 / 4 warps 206-228, no spill). Each program forms the matrix once per chunk for its BK channels:
-        # R / BK exponentials per element (forward 4, backward 8), against fewer programs at a wider BK.
         if name == "bwd_precond_diag":
             return min(8, BK), bv_full, 4, 2
         return min(16, BK), bv_full, 4, 2

@@ -420,14 +420,13 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
 # 64 rows 0.223 / 0.548, 128 rows 0.189 / 0.415, 256 rows 0.263 / 0.446, 512 rows 0.224 / 0.508 (the one-chunk steps'
 # backward had run at 1 warp: 0.431 in run 51). A step's cost grows with its rows: the kernels are bound by their
 # instructions per element (the tuple scan's exchanges, the map's transcendentals), not by the steps' latency.
+# Measured against it (H100, run 103, same process): each chunk's recurrence as one product M X with the chunk's
+# decay matrix on tensor cores (tf32x3), forward and reverse: pgdn forward 0.398 ms against the scans' 0.185, backward
+# 1.201 against 0.381 (at its best setting, BK 32 / 4 warps: 0.319 and 0.560); prototypes in benchmarks/pdn_forms.py,
+# a chunk-parallel form too (a light carry pass, then one matrix per chunk for all channels: forward 0.283, of which
+# the carry pass alone 0.120; backward 0.712). Forming the 64 × 64 matrix and its tf32x3 halves every chunk costs more
+# per program than the tuple scans' shuffles.
 PDN_SCAN_ROWS = 128
-# How a step forms the statistic's in-chunk recurrence (the decay is one per token, compiler/lower.py): "tuple", a
-# tuple associative scan over the step's rows (log depth: ~7 shuffle levels per element, each on two values); or
-# "product", one chunk per step and the recurrence as one product M X with M[t, s] = 2^{C_t − C_s} (s ≤ t, every
-# factor ≤ 1; C the chunk's cumulated log2 decays, as the chunk kernels' decay matrices) on tensor cores in tf32x3
-# (three tf32 products: fp32-class accuracy), M's transpose giving the backward's reverse recurrence.
-# benchmarks/pdn_forms.py times both forms' kernels against each other.
-PDN_SCAN_FORM = "product"
 
 
 def rule_precond_diag(b: _Builder) -> None:
@@ -443,8 +442,7 @@ def rule_precond_diag(b: _Builder) -> None:
     b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
                                                  b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
-          scan=PDN_SCAN_FORM,
-          scan_rows=b.chunk_size * (1 if PDN_SCAN_FORM == "product" else max(1, PDN_SCAN_ROWS // b.chunk_size)),
+          scan_rows=b.chunk_size * max(1, PDN_SCAN_ROWS // b.chunk_size),
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
     b.outputs["A"] = b.op("A_final")  # type: ignore[assignment]
 

@@ -48,7 +48,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
 NAME = "pkda"
 BT = 64
 BC = 16
-BTS = 64  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
+BTS = 128  # rows per step of the PDN statistic's scans (the plan's scan_rows: whole chunks)
 DECAY = "vector"
 FAMILY = "tied"
 DELTA = True
@@ -210,8 +210,8 @@ def chunk_cumsum_kernel(
 # One program per (sequence, statistic head, BK-wide block of key channels), sequential over the sequence's
 # steps of BTS tokens (BTS / BT whole chunks, the plan's scan_rows): the statistic is elementwise per channel, so
 # channel blocks are independent; the carry is BK floats. Within a step the recurrence is a decayed scan
-# (compiler/plan.py PDN_SCAN_FORM): here one chunk per step, the recurrence as one tf32x3 product with the chunk's
-# decay matrix, instead of a tuple scan's ~7 shuffle levels per element.
+# (tl.associative_scan, `_decayed_sum`). The kernel is bound by its instructions per element (the scan's exchanges,
+# the map's transcendentals), so the step height moves it little: 128 rows measured fastest (compiler/plan.py).
 @triton.jit
 def _fast_log(x, INTERPRET: tl.constexpr):
     """log x on the SFU (lg2.approx, |error| ≤ 2^-22.6 ln 2): the PDN map's log was ~32 of its kernels' ~100
@@ -238,7 +238,6 @@ def chunk_precond_diag_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t = tl.arange(0, BTS)
-    m_le = o_t[:, None] >= o_t[None, :]
     o_k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = o_k < DK
     b_A = tl.load(a0 + (i_n * HP + i_p) * DK + o_k, mask=m_k, other=0.)
@@ -260,21 +259,22 @@ def chunk_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # the chunk's recurrence as one product: 𝒜 = M X + 2^C ⊗ A_n, M[t, s] = 2^{C_t − C_s} for s ≤ t (≤ 1)
-            b_C = tl.cumsum(b_c, 0)
-            b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
-            b_stat = tl.dot(b_M, b_x, input_precision="tf32x3") + tl.exp2(b_C)[:, None] * b_A[None, :]
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             if KEEP:
                 # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
                 # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
                 i_c0 = i_cn + i_ts * (BTS // BT)
                 tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            # rows past the sequence's end add nothing and decay by 2^0: the step's last row holds the carry
-            b_A = tl.sum(tl.where((o_t == BTS - 1)[:, None], b_stat, 0.), 0)
+            last = tl.minimum(eos - t0, BTS) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
             i_ts += 1
     else:
         # a for loop, so that Triton software-pipelines the next step's loads (num_stages: codegen/launch.py)
@@ -291,21 +291,22 @@ def chunk_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # the chunk's recurrence as one product: 𝒜 = M X + 2^C ⊗ A_n, M[t, s] = 2^{C_t − C_s} for s ≤ t (≤ 1)
-            b_C = tl.cumsum(b_c, 0)
-            b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
-            b_stat = tl.dot(b_M, b_x, input_precision="tf32x3") + tl.exp2(b_C)[:, None] * b_A[None, :]
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             if KEEP:
                 # the chunk-start carries: the backward re-forms every token's statistic from them (8 B per token, not 512).
                 # The step's first chunk starts from b_A; chunk j > 0 from the statistic at its row before, j BT - 1.
                 i_c0 = i_cn + i_ts * (BTS // BT)
                 tl.store(an_buf + (i_c0 * HP + i_p) * DK + o_k, b_A, mask=m_k)
+                m_end = (o_t % BT == BT - 1) & (o_t < BTS - BT) & (rows + 1 < eos)
+                tl.store(an_buf + ((i_c0 + o_t[:, None] // BT + 1) * HP + i_p) * DK + o_k[None, :], b_stat,
+                         mask=m_end[:, None] & m_k[None, :])
             _b_map_mu = tl.load(p_mu + i_h).to(tl.float32)
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            # rows past the sequence's end add nothing and decay by 2^0: the step's last row holds the carry
-            b_A = tl.sum(tl.where((o_t == BTS - 1)[:, None], b_stat, 0.), 0)
+            last = tl.minimum(eos - t0, BTS) - 1
+            b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
 
 # ---- stages interaction + triangular_solve, per-channel decay ----------------------------------------------
@@ -1351,7 +1352,6 @@ def chunk_bwd_precond_diag_kernel(
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t = tl.arange(0, BTS)
-    m_le = o_t[:, None] >= o_t[None, :]
     i_kb = tl.program_id(1)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < DK
@@ -1377,10 +1377,8 @@ def chunk_bwd_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # the chunk's recurrence as one product: 𝒜 = M X + 2^C ⊗ A_n, M[t, s] = 2^{C_t − C_s} for s ≤ t (≤ 1)
-            b_C = tl.cumsum(b_c, 0)
-            b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
-            b_stat = tl.dot(b_M, b_x, input_precision="tf32x3") + tl.exp2(b_C)[:, None] * b_A[None, :]
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
@@ -1398,13 +1396,20 @@ def chunk_bwd_precond_diag_kernel(
             d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_mu_kt_k * b_pcse_3), 0.)
             b_pre_mu = tl.sum(d_mu_kt * b_dkt, 1)
             b_dst = b_dmap * b_k * b_dkt
-            # Ā = Mᵀ d𝒜 + 2^{C_end − C} ⊗ carry: the reverse recurrence with the forward's matrix; the carry into the chunk
-            # before is e^{c_first} Ā_first = Σ_t 2^{C_t} d𝒜_t + 2^{C_end} carry (rows past the end: d𝒜 = 0, decay 2^0)
-            c_end = tl.sum(tl.where(o_t == BTS - 1, b_C, 0.), 0)
-            b_ab = tl.dot(tl.trans(b_M), b_dst, input_precision="tf32x3") + tl.exp2(c_end - b_C)[:, None] * b_carry[None, :]
+            last = tl.minimum(eos - t0, BTS) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-            b_carry = tl.sum(tl.exp2(b_C)[:, None] * b_dst, 0) + tl.exp2(c_end) * b_carry
+            # the carry into the step before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
@@ -1435,10 +1440,8 @@ def chunk_bwd_precond_diag_kernel(
             b_x = b_x * b_bp[:, None]
             _b_c_gP = tl.load(p_gP + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
             b_c = tl.where(m_r, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_c_gP) * 1.4426950408889634, -64.0), 0.)
-            # the chunk's recurrence as one product: 𝒜 = M X + 2^C ⊗ A_n, M[t, s] = 2^{C_t − C_s} for s ≤ t (≤ 1)
-            b_C = tl.cumsum(b_c, 0)
-            b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
-            b_stat = tl.dot(b_M, b_x, input_precision="tf32x3") + tl.exp2(b_C)[:, None] * b_A[None, :]
+            b_d = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_c)[:, None]
+            _, b_stat = tl.associative_scan((b_d, tl.where((o_t == 0)[:, None], b_x + b_d * b_A[None, :], b_x)), 0, _decayed_sum)
             b_dkt = tl.zeros([BTS, BK], dtype=tl.float32)
             for i_g in range(0, G):
                 i_hv = i_p * G + i_g
@@ -1456,13 +1459,20 @@ def chunk_bwd_precond_diag_kernel(
             d_mu_kt = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_mu_kt_k * b_pcse_3), 0.)
             b_pre_mu = tl.sum(d_mu_kt * b_dkt, 1)
             b_dst = b_dmap * b_k * b_dkt
-            # Ā = Mᵀ d𝒜 + 2^{C_end − C} ⊗ carry: the reverse recurrence with the forward's matrix; the carry into the chunk
-            # before is e^{c_first} Ā_first = Σ_t 2^{C_t} d𝒜_t + 2^{C_end} carry (rows past the end: d𝒜 = 0, decay 2^0)
-            c_end = tl.sum(tl.where(o_t == BTS - 1, b_C, 0.), 0)
-            b_ab = tl.dot(tl.trans(b_M), b_dst, input_precision="tf32x3") + tl.exp2(c_end - b_C)[:, None] * b_carry[None, :]
+            last = tl.minimum(eos - t0, BTS) - 1
+            # Ā_t = d𝒜_t + e^{c_{t+1} − c_t} Ā_{t+1}: a reverse decayed scan (log depth, no c×c matrix or fp32 FMA
+            # matmul). Its factors are the next token's decays, 1 past the step's last token, where the carry enters.
+            rows1 = rows + 1
+            m_r1 = (rows1 < eos) & (o_t + 1 < BTS)
+            _b_cn_gP = tl.load(p_gP + rows1 * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+            b_cn = tl.where(m_r1, tl.zeros([BTS], dtype=tl.float32) + tl.maximum((_b_cn_gP) * 1.4426950408889634, -64.0), 0.)
+            b_dn = tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp2(b_cn)[:, None]
+            b_dst = tl.where((o_t == last)[:, None], b_dst + b_carry[None, :], b_dst)
+            _, b_ab = tl.associative_scan((b_dn, b_dst), 0, _decayed_sum, reverse=True)
             b_ab = tl.where(m_rk, b_ab, 0.)
             tl.store(apdec_buf + ((i_p * NKP + i_kb) * TT + t0) + o_t, tl.sum(b_ab * (b_stat - b_x), 1), mask=m_r)
-            b_carry = tl.sum(tl.exp2(b_C)[:, None] * b_dst, 0) + tl.exp2(c_end) * b_carry
+            # the carry into the step before: e^{c_first} Ā_first
+            b_carry = tl.sum(tl.where((o_t == 0)[:, None], b_ab * b_d, 0.), 0)
             _d_betaP_inc_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             d_betaP_inc = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + (_d_betaP_inc_k * _d_betaP_inc_k), 0.)
             b_pre_betaP = tl.sum(d_betaP_inc * b_ab, 1)
