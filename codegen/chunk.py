@@ -608,9 +608,16 @@ class _Emitter:
 # --------------------------------------------------------------------------------------------------
 # Rendering
 # --------------------------------------------------------------------------------------------------
+def fresh_load(code: str) -> str:
+    """`code`'s masked loads (`tl.load(..., other=0.)`) as loads the compiler cannot merge with an identical earlier
+    one: the same address and mask with a different eviction hint (evict_first) are a different operation to Triton's
+    CSE, which otherwise folds a re-read of a tile into the first read and keeps that value live in between."""
+    return code.replace("other=0.)", "other=0., eviction_policy='evict_first')")
+
+
 @functools.cache  # one Environment: jinja compiles each template once
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -618,6 +625,8 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["fresh_load"] = fresh_load
+    return env
 
 
 @dataclass(frozen=True)
@@ -720,6 +729,10 @@ def _context(ir: IR) -> dict:
         # BK 32 / 4 warps 255 + 32 B spill -> 255, none; gdn2's two loads and a product spill 104 B there)
         late_erase_key=(late := rl.erase_key is not None and rl.erase_key != rl.write_key),
         late_erase_key_grads=late and rl.erase_key.is_Symbol,
+        # bwd_intra reads its row tiles (b, q̂, a) again after the loop over the other blocks, which reads none of
+        # them, where an untied erase key formed from two inputs (gdn2's b ⊙ k) adds a tile: held through the loop,
+        # they spilled 40 B at BK 64 / 2 warps (compile report, sm_90, dk = 128); read again, none
+        reload_row_tiles=late and not rl.erase_key.is_Symbol,
         log_gate=rl.log_gate,
         has_beta=rl.beta != 1,  # untied: β is inside V' (write_value)
         beta_grad=beta_gradient(plan),  # a β role to differentiate (gdn2's gains are in its erase key and target)

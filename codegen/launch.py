@@ -39,7 +39,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     n_state: the sequences × value heads of the call (the state passes' programs per value block), None where the
     call is not known (the printed table): taken as enough to fill the GPU. precond: the preconditioner's kind
     (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes). gain: the write's
-    gain kind (none, scalar, vector: a key-channel gain, gdn2's b, makes the erase key a product of two tiles).
+    gain kind (none, scalar, vector: a key-channel gain, gdn2's b, makes the erase key a product of two tiles; no
+    rule reads it since gdn2's bwd_intra fits the others' setting).
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -184,9 +185,9 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # Compile report at BK 64 / 2 warps (sm_90, dk = 128): kda, pkda, cler_h_kda, clvr_kda 255 registers, gla and
         # ccq_gla 254, no spill; gdn2 (erase key b ⊙ k) 255 + 16 B spill, at BK 64 / 4 warps 215, none (its erase
         # key loaded where it is read). H100, gdn2: BK 64 / 2 warps (the 16 B spill) 1.041 ms (run 99), BK 32 / 2
-        # warps 1.556 (run 100): BK 64 / 4 warps, without spill, is not yet timed
-        if gain == "vector":
-            return min(64, BK), bv_full, 4, 1
+        # warps 1.556 (run 100), BK 64 / 4 warps without spill 1.206 (run 101, after the grid order, which took kda's
+        # 0.907 -> 0.740). Since gdn2's row tiles are read again after the loop over blocks (reload_row_tiles,
+        # codegen/chunk.py) it fits BK 64 / 2 warps without spill too (255 registers), untimed: ~1.05 ms expected
         return min(64, BK), bv_full, 2, 1
     if name == "bwd_inputs":
         return BK, max(16, _next_pow2(DV)), (8 if wide else 4), 1

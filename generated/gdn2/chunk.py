@@ -1100,6 +1100,12 @@ def chunk_bwd_intra_kernel(
             b_ej = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + (_b_ej_k * _b_ej_b), 0.)
             b_dlb = tl.load(dsl_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
             b_aca += _mm_tf32(b_dlb, b_ej * b_fj, DT_ID)
+    # the row tiles again (L1 / L2 hits), not held through the loop over J, which reads none of them
+    b_g = tl.load(g_buf + (rb[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0., eviction_policy='evict_first')
+    _b_q_q = tl.load(p_q + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0., eviction_policy='evict_first').to(tl.float32)
+    b_q = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_q_q, 0.)
+    _b_a_k = tl.load(p_k + (rb[:, None] * H + i_h) * DK + o_k[None, :], mask=mb[:, None] & m_k[None, :], other=0., eviction_policy='evict_first').to(tl.float32)
+    b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
     b_fi = tl.exp2(tl.minimum(b_g - b_r0[None, :], 0.))
     b_dq += b_acq * b_fi
     b_de += b_ace * b_fi
