@@ -255,3 +255,23 @@ def test_output_unfused_per_call(name, monkeypatch):
     _check(name, B=1, T=100, H=1, HV=2, dk=32, dv=32)
     _check(name, B=1, T=100, H=1, HV=1, dk=32, dv=32, cu_seqlens=[0, 1, 65, 100], seed=1)
     assert "output" in launched and "state_pass" in launched and "state_output" not in launched
+
+
+def test_fresh_load_reads_gdn2s_row_tiles_again() -> None:
+    """`fresh_load` (codegen/chunk.py) gives a re-read of a tile an eviction hint, so Triton's CSE cannot fold it into
+    the first read and keep that value live in between: gdn2's bwd_intra reads its three row tiles again after the
+    loop over blocks (its erase key b ⊙ k is a product of two inputs; without it, 40 B spilled at BK 64 / 2 warps),
+    kda's (tied keys) does not."""
+    import re
+
+    from dgps.codegen.chunk import fresh_load, render_chunk
+
+    assert fresh_load("x = tl.load(p + o, mask=m, other=0.).to(tl.float32)") == \
+        "x = tl.load(p + o, mask=m, other=0., eviction_policy='evict_first').to(tl.float32)"
+
+    def intra_rereads(name: str) -> int:
+        src = render_chunk(dgps.load(SPECS / f"{name}.dgps").ir)
+        kernel = re.search(r"def chunk_bwd_intra_kernel\(.*?(?=\n# ----|\n@triton\.jit)", src, re.S).group(0)
+        return kernel.count("eviction_policy='evict_first'")
+
+    assert intra_rereads("gdn2") == 3 and intra_rereads("kda") == 0 and intra_rereads("pkda") == 0
