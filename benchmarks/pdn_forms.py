@@ -50,6 +50,22 @@ def _chunk_decays(gp, bp, rows, m_r, H: tl.constexpr, i_h):
 
 
 @triton.jit
+def _chunk_program(gp, bp, T: tl.constexpr, H: tl.constexpr, BT: tl.constexpr):
+    """A chunk-parallel program's chunk (grid: chunks, sequences × heads): its rows, their mask, the cumulated log2
+    decays C, the gains and the decay matrix M[t, s] = 2^{C_t − C_s} (s ≤ t)."""
+    i_t = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    o_t = tl.arange(0, BT)
+    rows = i_n * T + i_t * BT + o_t
+    m_r = i_t * BT + o_t < T
+    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+    b_M = tl.where(o_t[:, None] >= o_t[None, :], tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
+    return i_n, i_h, i_t, o_t, rows, m_r, b_C, b_b, b_M
+
+
+@triton.jit
 def pdn_seq_dot_kernel(k, gp, bp, mu, a0, kt, an, a_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, PREC: tl.constexpr):
     i_nh = tl.program_id(0)
@@ -103,17 +119,8 @@ def pdn_carry_kernel(k, gp, bp, a0, an, a_out, T: tl.constexpr, H: tl.constexpr,
 def pdn_map_kernel(k, gp, bp, mu, kt, an, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    PREC: tl.constexpr):
     """Chunk-parallel: the chunk's statistic M X + 2^C A_n, the map, k̃."""
-    i_t = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
     NT: tl.constexpr = (T + BT - 1) // BT
-    o_t = tl.arange(0, BT)
-    m_le = o_t[:, None] >= o_t[None, :]
-    rows = i_n * T + i_t * BT + o_t
-    m_r = i_t * BT + o_t < T
-    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
-    b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
+    i_n, i_h, i_t, o_t, rows, m_r, b_C, b_b, b_M = _chunk_program(gp, bp, T, H, BT)
     b_mu = tl.load(mu + i_h)
     for i_k in range(0, D // BK):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -177,17 +184,8 @@ def pdn_bwd_seq_dot_kernel(k, gp, bp, mu, an, dkt, da_fin, da0, dk_out, dbp_out,
 def pdn_bwd_local_kernel(k, gp, bp, mu, an, dkt, r_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """Chunk-parallel, first of three: each chunk's own reverse sum r_c = Σ_s 2^{C_s} d𝒜_s (no carry)."""
-    i_t = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
     NT: tl.constexpr = (T + BT - 1) // BT
-    o_t = tl.arange(0, BT)
-    m_le = o_t[:, None] >= o_t[None, :]
-    rows = i_n * T + i_t * BT + o_t
-    m_r = i_t * BT + o_t < T
-    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
-    b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
+    i_n, i_h, i_t, o_t, rows, m_r, b_C, b_b, b_M = _chunk_program(gp, bp, T, H, BT)
     b_w = tl.where(m_r, tl.exp2(b_C), 0.)
     b_mu = tl.load(mu + i_h)
     for i_k in range(0, D // BK):
@@ -225,18 +223,9 @@ def pdn_bwd_carry_kernel(gp, r, da_fin, cin, da0, T: tl.constexpr, H: tl.constex
 def pdn_bwd_apply_kernel(k, gp, bp, mu, an, dkt, cin, dk_out, dbp_out, dgp_out, dmu_out, T: tl.constexpr,
                          H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """Third of three, chunk-parallel: Ā = Mᵀ d𝒜 + 2^{C_end − C} carry, every input's share."""
-    i_t = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
     NT: tl.constexpr = (T + BT - 1) // BT
-    o_t = tl.arange(0, BT)
-    m_le = o_t[:, None] >= o_t[None, :]
-    rows = i_n * T + i_t * BT + o_t
-    m_r = i_t * BT + o_t < T
-    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+    i_n, i_h, i_t, o_t, rows, m_r, b_C, b_b, b_M = _chunk_program(gp, bp, T, H, BT)
     c_end = tl.sum(tl.where(o_t == tl.max(tl.where(m_r, o_t, 0), 0), b_C, 0.), 0)
-    b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
     b_mu = tl.load(mu + i_h)
     b_dbp = tl.zeros([BT], dtype=tl.float32)
     b_dgp = tl.zeros([BT], dtype=tl.float32)
