@@ -292,8 +292,7 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
                                [la.name for la in unfused_forward_launches(plan)]))
     names = list(dict.fromkeys(names + [la.name for la in (backward_launches(plan) if bplan else [])]))
-    return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route, ir.precond.kind,
-                           plan.structure.gain)
+    return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route, ir.precond.kind)
 
 
 # The untied DPLR family's interaction forms four matrices (two row operands, E and Q) and solves on E⋆⁻F: its own
@@ -685,7 +684,6 @@ def _context(ir: IR) -> dict:
         ir_text=_ir_comment(ir),
         decls=decls,
         precond_kind=ir.precond.kind,
-        gain_kind=plan.structure.gain,
         precond_placement=ir.precond.placement,
         diag_heads=diag.heads if diag is not None else None,
         read_kind=ir.read.kind,

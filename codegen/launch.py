@@ -33,14 +33,12 @@ def few_state_programs(n_state: int | None, DV: int, BV: int = 32) -> bool:
 
 
 def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: str,
-                 n_state: int | None = None, precond: str = "none", gain: str = "none") -> tuple[int, int, int, int]:
+                 n_state: int | None = None, precond: str = "none") -> tuple[int, int, int, int]:
     """(BK, BV, num_warps, num_stages) of one stage at head sizes DK, DV, for a decay kind, a family (additive,
     tied, untied: compiler/plan.py) and a route (none, residual), which pick the stage's template and its tiles.
     n_state: the sequences × value heads of the call (the state passes' programs per value block), None where the
     call is not known (the printed table): taken as enough to fill the GPU. precond: the preconditioner's kind
-    (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes). gain: the write's
-    gain kind (none, scalar, vector: a key-channel gain, gdn2's b, makes the erase key a product of two tiles; no
-    rule reads it since gdn2's bwd_intra fits the others' setting).
+    (none, diag, exact: a diagonal one's k̃ is an fp32 write-key stream of the state passes).
 
     Stages that loop over the key channels in blocks (l2norm excepted, every forward stage but the
     state pass) take BK = 64; the others hold whole key rows (BK = the padded key width). Fixed
@@ -298,13 +296,13 @@ def parse_launch_overrides(text: str) -> dict[str, tuple[int, ...]]:
 
 
 def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str, route: str,
-                    precond: str = "none", gain: str = "none") -> str:
+                    precond: str = "none") -> str:
     """The table's settings for `stages` at head sizes DK, DV, one line each (for `dgps show --stage plan`)."""
     lines = [f"  launch settings at dk = {DK}, dv = {DV} (codegen/launch.py; DGPS_LAUNCH overrides; few: a call with few "
              "sequences × value heads)"]
     for name in stages:
-        cfg = table_launch(name, DK, DV, decay, family, route, precond=precond, gain=gain)
-        few = table_launch(name, DK, DV, decay, family, route, n_state=1, precond=precond, gain=gain)
+        cfg = table_launch(name, DK, DV, decay, family, route, precond=precond)
+        few = table_launch(name, DK, DV, decay, family, route, n_state=1, precond=precond)
         line = f"    {name:<20} BK={cfg[0]:<4} BV={cfg[1]:<4} warps={cfg[2]} stages={cfg[3]}"
         if few != cfg:
             line += f"   few: BK={few[0]} BV={few[1]} warps={few[2]} stages={few[3]}"

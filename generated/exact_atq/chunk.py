@@ -45,7 +45,6 @@ FAMILY = "additive"
 DELTA = False
 ROUTE = "none"
 PRECOND = "exact"
-GAIN = "none"
 
 
 class _Spec:
@@ -836,7 +835,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 def launch_config(name, DK, DV, n_state=None):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch (n_state:
     the call's sequences × value heads, where known)."""
-    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND, GAIN)
+    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND)
     return check_launch(NAME, name, cfg, DV, DK)
 
 

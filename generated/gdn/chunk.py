@@ -47,7 +47,6 @@ FAMILY = "tied"
 DELTA = True
 ROUTE = "none"
 PRECOND = "none"
-GAIN = "scalar"
 
 
 class _Spec:
@@ -1351,7 +1350,7 @@ LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 def launch_config(name, DK, DV, n_state=None):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch (n_state:
     the call's sequences × value heads, where known)."""
-    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND, GAIN)
+    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND)
     return check_launch(NAME, name, cfg, DV, DK)
 
 
