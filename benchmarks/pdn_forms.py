@@ -1,4 +1,4 @@
-"""Prototype forms of the PDN statistic's forward pass (docs/chunk_forms.md §5), timed against the generated kernel.
+"""Prototype forms of the PDN statistic's passes (docs/chunk_forms.md §5), timed against the generated kernels.
 
 The statistic is a per-channel decayed scan with one decay per token (pgdn, pkda: gP is `token log_gate key_head`):
     A_t = e^{gP_t} A_{t-1} + βP_t k_t²,   k̃_t = k_t ⊙ exp(−ln 1.5 · softsign(ln(A_t + 1e-6) − μ)).
@@ -8,10 +8,12 @@ steps of 128 rows, each step a tuple associative scan. The prototypes here:
             M[t, s] = 2^{C_t − C_s} (s ≤ t, every factor ≤ 1) on tensor cores (tf32x3: fp32-class accuracy);
   par_dot:  chunk-parallel: a light sequential pass forms only the chunk-start carries A_n (one weighted row sum per
             chunk, no scan, no map), then a chunk-parallel pass forms M X + 2^{C} A_n, the map and k̃.
-Every form writes k̃ (fp32) and A_n, as the training forward does.
+Every forward form writes k̃ (fp32) and A_n, as the training forward does; `--backward` times the backward's forms
+(the same grid with both recurrences as products; three passes, two of them chunk-parallel) on the same inputs.
 
-Measured (H100, 2026-12-06, run 103, B 4 T 4096 H 16 D 128, tf32x3, medians of 5 interleaved; "shipped" there was
-the product form then generated, the tuple scans' kernels timed 0.185 / 0.381 ms in the same session): forward
+Measured (H100, 2026-12-06, the call after run 103 on the same machine: `python3 benchmarks/pdn_forms.py --reps 5`
+and `--backward --reps 5`, B 4 T 4096 H 16 D 128, tf32x3, medians of 5 interleaved; "shipped" was then the product form
+in the generated kernels, and the tuple scans' kernels had timed 0.185 / 0.381 ms in run 103): forward
 seq_dot 0.430-0.583 ms, par_dot 0.283-0.487 (its carry pass alone 0.120-0.136); backward seq_dot 0.635-1.056,
 par_dot 0.712-1.542. Every form is slower than the tuple scans: not shipped (compiler/plan.py, PDN_SCAN_ROWS).
 
@@ -50,6 +52,25 @@ def _chunk_decays(gp, bp, rows, m_r, H: tl.constexpr, i_h):
 
 
 @triton.jit
+def _seq_program(H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """A sequential program's place (grid: sequences × heads, blocks of BK channels): its sequence, head, channels,
+    and the chunk's row offsets."""
+    i_nh = tl.program_id(0)
+    return i_nh // H, i_nh % H, tl.program_id(1) * BK + tl.arange(0, BK), tl.arange(0, BT)
+
+
+@triton.jit
+def _step_tiles(k, gp, bp, i_n, i_h, i_t, o_t, o_k, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+                BT: tl.constexpr):
+    """A sequential program's chunk i_t: its rows and their mask, the cumulated log2 decays C, the gains, the keys."""
+    rows = i_n * T + i_t * BT + o_t
+    m_r = i_t * BT + o_t < T
+    b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+    b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    return rows, m_r, b_C, b_b, b_k
+
+
+@triton.jit
 def _chunk_program(gp, bp, T: tl.constexpr, H: tl.constexpr, BT: tl.constexpr):
     """A chunk-parallel program's chunk (grid: chunks, sequences × heads): its rows, their mask, the cumulated log2
     decays C, the gains and the decay matrix M[t, s] = 2^{C_t − C_s} (s ≤ t)."""
@@ -66,22 +87,25 @@ def _chunk_program(gp, bp, T: tl.constexpr, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _chunk_statistic(k, an, rows, m_r, i_n, i_h, i_t, o_k, b_C, b_b, b_M, H: tl.constexpr, D: tl.constexpr,
+                     NT: tl.constexpr, PREC: tl.constexpr):
+    """A chunk's keys, increments x = βP k² and statistic 𝒜 = M X + 2^C A_n from its start carry, for channels o_k."""
+    b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    b_x = b_k * b_k * b_b[:, None]
+    b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
+    return b_k, b_x, tl.dot(b_M, b_x, input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+
+
+@triton.jit
 def pdn_seq_dot_kernel(k, gp, bp, mu, a0, kt, an, a_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, PREC: tl.constexpr):
-    i_nh = tl.program_id(0)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
+    i_n, i_h, o_k, o_t = _seq_program(H, BT, BK)
     m_le = o_t[:, None] >= o_t[None, :]
     b_A = tl.load(a0 + (i_n * H + i_h) * D + o_k)
     b_mu = tl.load(mu + i_h)
     NT: tl.constexpr = (T + BT - 1) // BT
     for i_t in range(0, NT):
-        rows = i_n * T + i_t * BT + o_t
-        m_r = i_t * BT + o_t < T
-        b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        rows, m_r, b_C, b_b, b_k = _step_tiles(k, gp, bp, i_n, i_h, i_t, o_t, o_k, T, H, D, BT)
         b_x = b_k * b_k * b_b[:, None]
         b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
         tl.store(an + ((i_n * NT + i_t) * H + i_h) * D + o_k, b_A)
@@ -96,18 +120,11 @@ def pdn_seq_dot_kernel(k, gp, bp, mu, a0, kt, an, a_out, T: tl.constexpr, H: tl.
 def pdn_carry_kernel(k, gp, bp, a0, an, a_out, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr):
     """Only the chunk-start carries: per chunk one weighted row sum Σ_s 2^{C_end − C_s} x_s."""
-    i_nh = tl.program_id(0)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
+    i_n, i_h, o_k, o_t = _seq_program(H, BT, BK)
     b_A = tl.load(a0 + (i_n * H + i_h) * D + o_k)
     NT: tl.constexpr = (T + BT - 1) // BT
     for i_t in range(0, NT):
-        rows = i_n * T + i_t * BT + o_t
-        m_r = i_t * BT + o_t < T
-        b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        rows, m_r, b_C, b_b, b_k = _step_tiles(k, gp, bp, i_n, i_h, i_t, o_t, o_k, T, H, D, BT)
         tl.store(an + ((i_n * NT + i_t) * H + i_h) * D + o_k, b_A)
         c_end = tl.sum(tl.where(o_t == tl.max(tl.where(m_r, o_t, 0), 0), b_C, 0.), 0)
         b_w = tl.where(m_r, tl.exp2(c_end - b_C) * b_b, 0.)
@@ -124,9 +141,7 @@ def pdn_map_kernel(k, gp, bp, mu, kt, an, T: tl.constexpr, H: tl.constexpr, D: t
     b_mu = tl.load(mu + i_h)
     for i_k in range(0, D // BK):
         o_k = i_k * BK + tl.arange(0, BK)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
-        b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
-        b_stat = tl.dot(b_M, b_k * b_k * b_b[:, None], input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+        b_k, b_x, b_stat = _chunk_statistic(k, an, rows, m_r, i_n, i_h, i_t, o_k, b_C, b_b, b_M, H, D, NT, PREC)
         tl.store(kt + (rows[:, None] * H + i_h) * D + o_k[None, :], _map(b_stat, b_k, b_mu), mask=m_r[:, None])
 
 
@@ -145,24 +160,17 @@ def _map_adjoint(b_stat, b_k, b_dkt, mu):
 def pdn_bwd_seq_dot_kernel(k, gp, bp, mu, an, dkt, da_fin, da0, dk_out, dbp_out, dgp_out, dmu_out, T: tl.constexpr,
                            H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """The shipped grid, one chunk per reverse step; both scans (𝒜 and the reverse Ā) as products with one M."""
-    i_nh = tl.program_id(0)
-    i_n = i_nh // H
-    i_h = i_nh % H
+    i_n, i_h, o_k, o_t = _seq_program(H, BT, BK)
     i_kb = tl.program_id(1)
     NK: tl.constexpr = D // BK
-    o_k = i_kb * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
     m_le = o_t[:, None] >= o_t[None, :]
     b_mu = tl.load(mu + i_h)
     b_carry = tl.load(da_fin + (i_n * H + i_h) * D + o_k)
     NT: tl.constexpr = (T + BT - 1) // BT
     for i_rev in range(0, NT):
         i_t = NT - 1 - i_rev
-        rows = i_n * T + i_t * BT + o_t
-        m_r = i_t * BT + o_t < T
-        b_C, b_b = _chunk_decays(gp, bp, rows, m_r, H, i_h)
+        rows, m_r, b_C, b_b, b_k = _step_tiles(k, gp, bp, i_n, i_h, i_t, o_t, o_k, T, H, D, BT)
         c_end = tl.sum(tl.where(o_t == tl.max(tl.where(m_r, o_t, 0), 0), b_C, 0.), 0)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
         b_x = b_k * b_k * b_b[:, None]
         b_M = tl.where(m_le, tl.exp2(b_C[:, None] - b_C[None, :]), 0.)
         b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
@@ -190,9 +198,7 @@ def pdn_bwd_local_kernel(k, gp, bp, mu, an, dkt, r_out, T: tl.constexpr, H: tl.c
     b_mu = tl.load(mu + i_h)
     for i_k in range(0, D // BK):
         o_k = i_k * BK + tl.arange(0, BK)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
-        b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
-        b_stat = tl.dot(b_M, b_k * b_k * b_b[:, None], input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+        b_k, b_x, b_stat = _chunk_statistic(k, an, rows, m_r, i_n, i_h, i_t, o_k, b_C, b_b, b_M, H, D, NT, PREC)
         b_dkt = tl.load(dkt + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.)
         _, b_dst, _ = _map_adjoint(b_stat, b_k, b_dkt, b_mu)
         tl.store(r_out + ((i_n * NT + i_t) * H + i_h) * D + o_k, tl.sum(b_w[:, None] * b_dst, 0))
@@ -202,11 +208,7 @@ def pdn_bwd_local_kernel(k, gp, bp, mu, an, dkt, r_out, T: tl.constexpr, H: tl.c
 def pdn_bwd_carry_kernel(gp, r, da_fin, cin, da0, T: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr):
     """Second of three, sequential and light: the carry into each chunk from the chunks after it."""
-    i_nh = tl.program_id(0)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    o_k = tl.program_id(1) * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
+    i_n, i_h, o_k, o_t = _seq_program(H, BT, BK)
     NT: tl.constexpr = (T + BT - 1) // BT
     b_carry = tl.load(da_fin + (i_n * H + i_h) * D + o_k)
     for i_rev in range(0, NT):
@@ -232,10 +234,7 @@ def pdn_bwd_apply_kernel(k, gp, bp, mu, an, dkt, cin, dk_out, dbp_out, dgp_out, 
     b_dmu = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(0, D // BK):
         o_k = i_k * BK + tl.arange(0, BK)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
-        b_x = b_k * b_k * b_b[:, None]
-        b_A = tl.load(an + ((i_n * NT + i_t) * H + i_h) * D + o_k)
-        b_stat = tl.dot(b_M, b_x, input_precision=PREC) + tl.exp2(b_C)[:, None] * b_A[None, :]
+        b_k, b_x, b_stat = _chunk_statistic(k, an, rows, m_r, i_n, i_h, i_t, o_k, b_C, b_b, b_M, H, D, NT, PREC)
         b_dkt = tl.load(dkt + (rows[:, None] * H + i_h) * D + o_k[None, :], mask=m_r[:, None], other=0.)
         b_m, b_dst, b_dmu_e = _map_adjoint(b_stat, b_k, b_dkt, b_mu)
         b_cin = tl.load(cin + ((i_n * NT + i_t) * H + i_h) * D + o_k)
@@ -263,7 +262,7 @@ def reference(k, gp, bp, mu, a0):
     return torch.stack(kts, 1), A
 
 
-def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):  # noqa: PLR0913
+def shipped(k, gp, bp, mu, a0, kt, an, a_out, BK=16, warps=4, stages=2):
     """The generated package's kernel (generated/pgdn: the tuple scans), called with the layout its host gives it."""
     from dgps.generated.pgdn import chunk as pg
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Not run as a whole: its `gen` and `tune` modes time the product form (PDN_SCAN_FORM), which 77a1ead removed after
+# run 103 measured it; `forms` (benchmarks/pdn_forms.py) still runs.
 # Run 102 (twenty-third session): Nsight Compute on the PDN statistic's two kernels, before restructuring them.
 # Question: are chunk_precond_diag (0.18 ms, H100 run 99) and chunk_bwd_precond_diag (0.375 ms) bound by instruction
 # issue (the NOTES' reading of run 59: the tuple scans' shuffles, 217 SHFL of the backward's 1664 SASS instructions,

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran `main` at 8c34dc8's tree (the product form shipped then); its --patch names PDN_SCAN_FORM, which 77a1ead
+# removed: a record of that run, not runnable as written at later commits.
 # Run 103 (twenty-third session): the device time left after the morning's refused starts (~18 min) in two calls.
 #   main:   the PDN statistic's product form against the tuple scan (generated kernels, one process, interleaved:
 #           kernel_sections.py --patch), GPU gradient checks, the variant tables with profiles.
