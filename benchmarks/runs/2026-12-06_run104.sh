@@ -24,4 +24,9 @@ print('$1', {k: round(v, 3) for k, v in d['profiles']['gla']['dgps'].items() if 
 side base
 git apply benchmarks/runs/2026-12-06_gla_scores_tf32x3.patch && python3 -m dgps.codegen.generate | tail -1
 side tf32x3
+# (twenty-fourth session) the g gradient (+0.4 % over FLA's in run 101): bwd_intra's off-diagonal pair products in
+# tf32x3 for the additive family too (2026-12-06_gla_intra_tf32x3.patch; compile report 255 -> 250 registers, SASS
+# 2672 -> 3128, MMA 64 -> 96, no spill). Prediction: g 3.033e-3 -> ~3.01e-3, k / q a little lower, bwd_intra +0.02-0.04 ms
+git apply benchmarks/runs/2026-12-06_gla_intra_tf32x3.patch && python3 -m dgps.codegen.generate | tail -1
+side intra
 echo "== done"
