@@ -26,6 +26,9 @@ h200() {
     export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
   fi
   bash benchmarks/runs/2026-12-06_run101.sh tables 2>&1 | q | tail -30
+  # (twenty-fourth session) cold start again: last measured in run 59 (14.4 s, 11 kernels), since when kernels changed
+  timeout 60 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 1 \
+      --cold-start-modes threads --json $OUT/run105_cold.json 2>&1 | q | grep -A3 "cold start"
 }
 case "$1" in
 first) first ;;
