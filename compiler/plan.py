@@ -1068,6 +1068,11 @@ def gate_gradient(p: Plan) -> bool:
     return any(x.name in names for x in getattr(p.role("g"), "free_symbols", ()))
 
 
+# Whether direct_gate_input applies under a diagonal preconditioner too (pkda: bwd_grads 0 -> 24 B of spill at BK 64 /
+# 8 warps, compile report sm_90, dk = 128; run 106 times it against bwd_inputs' fp32 round trip)
+DIRECT_GATE_UNDER_DIAG = False
+
+
 def direct_gate_input(p: Plan) -> str | None:
     """The input whose gradient bwd_grads stores itself because it is the log gate's: a per-channel decay (tied or
     additive family) whose log gate is one key-channel token input that nothing else reads and that is not
@@ -1076,7 +1081,8 @@ def direct_gate_input(p: Plan) -> str | None:
     bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Not under a diagonal
     preconditioner: pkda's bwd_grads holds k̃ and two key adjoints at 255 registers, and the store there spills 16 B
     (compile report, sm_90, dk = 128)."""
-    if p.structure.decay != "vector" or p.family == "untied" or p.structure.precond == "diag":
+    under_diag = p.structure.precond == "diag" and not DIRECT_GATE_UNDER_DIAG
+    if p.structure.decay != "vector" or p.family == "untied" or under_diag:
         return None
     g = p.role("g")
     if not getattr(g, "is_Symbol", False):

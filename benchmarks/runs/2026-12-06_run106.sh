@@ -6,6 +6,7 @@
 # Prediction: state_output at BV 16 within +-10 % of BV 32 (twice the programs, half the tiles), the rerun's state
 # pass at 3 stages within 5 % of 4. A setting that saves >= 0.03 ms of the step meets the target; ship it in
 # codegen/launch.py with the measurement.
+# Part 2 below: pkda's direct dg.
 # Usage: bash benchmarks/runs/2026-12-06_run106.sh   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -15,4 +16,13 @@ timeout 120 python3 benchmarks/tune.py cler_h_gdn --stages state_pass \
     --configs 64,64,4,4 64,64,4,3 64,32,4,2 --json $OUT/run106_state_pass.json 2>&1 | grep -v -i warn | tail -5
 timeout 120 python3 benchmarks/tune.py cler_h_gdn --stages bwd_solve \
     --configs 64,64,4,1 64,32,4,1 64,64,8,1 --json $OUT/run106_bwd_solve.json 2>&1 | grep -v -i warn | tail -5
+# pkda's log-gate gradient stored by bwd_grads in the input dtype (compiler/plan.py direct_gate_input, as kda does),
+# not as an fp32 [T, HV, dk] adjoint that bwd_inputs reads back (run 101: pkda bwd_inputs 0.210 ms, kda's 0.006).
+# Compile report (sm_90, dk = 128): bwd_grads at BK 64 / 8 warps 255 registers, 0 -> 24 B spill. Prediction: 268 MB
+# less traffic, bwd_inputs 0.21 -> ~0.16 ms, bwd_grads +0.00-0.03.
+for k in chunk_bwd_grad_kernel chunk_bwd_inputs_kernel; do
+  echo "== pkda $k (whole = shipped; patch = direct dg)"
+  timeout 90 python3 benchmarks/kernel_sections.py --system pkda --kernel $k --rounds 5 \
+      --patch dgps.compiler.plan.DIRECT_GATE_UNDER_DIAG=True 2>&1 | grep -v -i warn | tail -2
+done
 echo "== done"
