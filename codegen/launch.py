@@ -267,12 +267,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # 8 warps 199-208 / 0 (backward 174 / 0); BV 128 at 8 warps 255 / 40 B. H200 (tune.py ccq_gdn, run 88), ms at
         # BV 64 with 4 / 8 warps: curvature_query 0.338 / 0.618, bwd_curvature_query 0.359 / 0.543, bwd_curvature_key
         # 0.401 / 0.615 (BV 128 at 8 warps 0.507, 0.487, 0.565; bwd_curvature_query at BV 32 / 4 warps faulted there).
-        # Per-channel decay's bwd_curvature_key holds one more tile: 254 registers + 16 B spill at BV 64 / 4 warps
-        # (ccq_gla), 238 / 0 at 8 warps, 185 / 0 at BV 32 / 4 warps. H100 (tune.py ccq_gla, run 95): BV 64 / 4 warps
-        # 0.423 ms, BV 32 / 4 warps 0.503, BV 64 / 8 warps 0.660; BV 32 passed the GPU check (bf16, run 94). Shipped:
-        # BV 32 / 4 warps, the fastest that does not spill (issue 9: no vector-family spill at dk = 128)
-        if decay == "vector" and name == "bwd_curvature_key":
-            return max(bk_block, BK // 2), min(32, BK), 4, 1
+        # bwd_curvature_key (the same kernel for either decay) at BV 64 / 4 warps had 254 registers + 16 B spill; ccq_gla
+        # shipped BV 32 / 4 warps for it (185 / 0; H100, tune.py ccq_gla, run 95: BV 64 / 4 warps 0.423 ms, BV 32 / 4
+        # warps 0.503, BV 64 / 8 warps 0.660). Since it forms the scores in a loop of their own before E k (the keys
+        # read twice) it holds 255 / 0 at BV 64 / 4 warps (twenty-fourth session): BV 64 for both, untimed as such
         return max(bk_block, BK // 2), min(64, BK), 4, 1
     return BK, bv_full, (8 if wide and decay == "vector" else 4), 1
 

@@ -25,4 +25,11 @@ for k in chunk_bwd_grad_kernel chunk_bwd_inputs_kernel; do
   timeout 90 python3 benchmarks/kernel_sections.py --system pkda --kernel $k --rounds 5 \
       --patch dgps.compiler.plan.DIRECT_GATE_UNDER_DIAG=True 2>&1 | grep -v -i warn | tail -2
 done
+# bwd_curvature_key with its scores in a loop of their own before E k (twenty-fourth session): 255 registers, no spill
+# at BV 64 / 4 warps (was 254 + 16 B), now shipped for ccq_gla too (was BV 32 / 4 warps: H100 run 95, 0.503 ms against
+# the old BV 64 form's 0.423). Prediction: ccq_gla at BV 64 ~0.42 ms, BV 32 ~0.50; ccq_gdn's within 3 % of run 101's 0.416.
+for s in ccq_gla ccq_gdn; do
+  timeout 120 python3 benchmarks/tune.py $s --stages bwd_curvature_key --configs 64,64,4,1 64,32,4,1 \
+      --json $OUT/run106_ckey_$s.json 2>&1 | grep -v -i warn | tail -3
+done
 echo "== done"

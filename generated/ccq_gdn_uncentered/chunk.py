@@ -1570,8 +1570,10 @@ def chunk_bwd_curvature_key_kernel(
     _b_qc_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
     b_qc = _b_qc_q__raw
     b_sc = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], mask=m_rc, other=0.)
-    # the key blocks (whole key rows): the anti-causal scores, and E k with E split into two bf16 products where it
-    # meets K (bf16, T = 256, four seeds: dk 2.6e-3 → 2.2e-3)
+    # the key blocks (whole key rows), twice: first the anti-causal scores, which the in-chunk terms then consume, and
+    # only after them E k (E split into two bf16 products where it meets K: bf16, T = 256, four seeds, dk 2.6e-3 →
+    # 2.2e-3), the keys read again (L2 hits). Both c×c scores, E and dk at once had held 254 registers and spilled
+    # 16 B at BV 64 / 4 warps (compile report, sm_90, dk = 128)
     o_k = o_kb
     m_k = o_k < DK
     _b_q_q__raw = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
@@ -1579,11 +1581,8 @@ def chunk_bwd_curvature_key_kernel(
     _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_k = _b_k_k
     b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-    b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
-        tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
     b_Pt = _mm(b_k, tl.trans(b_q), DT_ID)
     b_PSt = _mm(b_k, tl.trans(b_s), DT_ID)
-    b_dk = _mm_split_b(b_k, b_E, DT_ID)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
@@ -1593,13 +1592,27 @@ def chunk_bwd_curvature_key_kernel(
         _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_k = _b_k_k
         b_s = tl.load(sh_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
-            tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
         b_Pt += _mm(b_k, tl.trans(b_q), DT_ID)
         b_PSt += _mm(b_k, tl.trans(b_s), DT_ID)
+
+    b_dk = -(_mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID))
+    o_k = o_kb
+    m_k = o_k < DK
+    _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0., eviction_policy='evict_first')
+    b_k = _b_k_k
+    b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
+        tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
+    b_dk += _mm_split_b(b_k, b_E, DT_ID)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        _b_k_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0., eviction_policy='evict_first')
+        b_k = _b_k_k
+        b_E = tl.load(p_dn + o_k[:, None] * DK + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.) + \
+            tl.load(p_dn + o_c[None, :] * DK + o_k[:, None], mask=m_k[:, None] & m_c[None, :], other=0.)
         b_dk += _mm_split_b(b_k, b_E, DT_ID)
 
-    b_dk -= _mm(tl.where(m_ge, b_Pt, 0.), b_sc, DT_ID) + _mm(tl.where(m_ge, b_PSt, 0.), b_qc, DT_ID)
     b_dmc = tl.load(dm_fin + (i_n * H + i_h) * DK + o_c, mask=m_c, other=0.)
     tl.store(akc_buf + (rows[:, None] * H + i_h) * DK + o_c[None, :], b_dk + b_dmc[None, :], mask=m_rc)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
