@@ -7,9 +7,10 @@
 # pass at 3 stages within 5 % of 4. A setting that saves >= 0.03 ms of the step meets the target; ship it in
 # codegen/launch.py with the measurement.
 # Part 2 below: pkda's direct dg.
-# Usage: bash benchmarks/runs/2026-12-06_run106.sh   (writes under $OUT)
+# Usage: bash benchmarks/runs/2026-12-06_run106.sh a|b   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
+a() {
 timeout 200 python3 benchmarks/tune.py cler_h_gdn --stages state_output \
     --configs 64,32,4,2 64,16,4,2 64,32,8,2 64,16,4,3 --json $OUT/run106_state_output.json 2>&1 | grep -v -i warn | tail -6
 timeout 120 python3 benchmarks/tune.py cler_h_gdn --stages state_pass \
@@ -32,4 +33,23 @@ for s in ccq_gla ccq_gdn; do
   timeout 120 python3 benchmarks/tune.py $s --stages bwd_curvature_key --configs 64,64,4,1 64,32,4,1 \
       --json $OUT/run106_ckey_$s.json 2>&1 | grep -v -i warn | tail -3
 done
-echo "== done"
+echo "== done a"
+}
+b() {
+# Spill-free settings the compile report finds (sm_90, dk = dv = 128), untimed: pgdn's interaction at BK 32 / 1 warp
+# 223 registers, no spill (shipped BK 64 / 1 warp: 255 + 192 B), gdn's 212 / 0 (shipped 255 + 40 B); pgdn's
+# bwd_key_grads at BK 32 / 4 warps 200 / 0 (shipped BK 64: 255 + 120 B), gdn's 178 / 0 (255 + 64 B). Prediction: pgdn's
+# interaction 0.160 -> ~0.12 ms (H100), gdn's within 10 % (1 warp already the fastest); key grads within +-15 %.
+for s in pgdn gdn; do
+  timeout 120 python3 benchmarks/tune.py $s --stages interaction --configs 64,64,1,1 32,64,1,1 32,64,2,1 \
+      --json $OUT/run106_inter_$s.json 2>&1 | grep -v -i warn | tail -3
+  timeout 120 python3 benchmarks/tune.py $s --stages bwd_key_grads --configs 64,64,4,1 32,64,4,1 \
+      --json $OUT/run106_kgrads_$s.json 2>&1 | grep -v -i warn | tail -3
+done
+echo "== done b"
+}
+case "$1" in
+a) a ;;
+b) b ;;
+*) echo "usage: $0 a|b"; exit 2 ;;
+esac
