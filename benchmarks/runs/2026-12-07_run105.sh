@@ -29,6 +29,7 @@ h200() {
   # (twenty-fourth session) cold start again: last measured in run 59 (14.4 s, 11 kernels), since when kernels changed
   timeout 60 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 1 \
       --cold-start-modes threads --json $OUT/run105_cold.json 2>&1 | q | grep -A3 "cold start"
+  timeout 60 python3 benchmarks/check_gpu_grads.py --systems ccq_gdn ccq_gla --dtype bf16 2>&1 | q | tail -3
 }
 case "$1" in
 first) first ;;
