@@ -485,7 +485,8 @@ class _Emitter:
                                                                 and ir.precond.diag.heads == "key") else "value"
         self.q_override: str | None = None  # CCQ, exact ATQ: the stages read q̂ from this buffer
         self.q_lo: str | None = None  # CCQ: and q̂'s remainder from this one (q̂ = qh + ql, in the input dtype)
-        self._hi_only = False  # tile(hi_only=True): the q̂ tile is rounded to the input dtype anyway
+        self._hi_only = False  # tile(hi_only=True): the q̂ (or k̃) tile is rounded to the input dtype anyway
+        self.kt16 = False  # the PDN statistic's k̃ also stored in the input dtype (kt16_buf: compiler/plan.py KTILDE_COPY)
         # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
         # pass's loop from 769 to 652 SASS instructions (FLA's: 612; H200 0.374 → 0.317 ms for gdn's two calls).
         # In the vector-decay kernels, already at 255 registers, they made sm_90 spill more (kda interaction
@@ -511,6 +512,10 @@ class _Emitter:
         if name == KTILDE.name:
             hp, nh = ("i_h", "H") if self.kt_heads == "key" else ("i_hv", "HV")
             o_k, m_k, _ = self._kcols
+            if self.kt16 and self._hi_only:  # the input-dtype copy: the operand the product rounds the fp32 k̃ to
+                out.append(f"{var} = tl.load(kt16_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
+                           f"mask={mask}[:, None] & {m_k}[None, :], other=0.).to(tl.float32)")
+                return var
             out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
                        f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
             return var
@@ -558,7 +563,8 @@ class _Emitter:
         tile is its load (whose mask zeroes the rest) also where loads are not lean: the curvature passes, whose
         tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128). `hi_only`: the tile is
         rounded to the input dtype as it enters a matmul, unscaled, so CCQ's q̂ is read as its rounded part alone (one
-        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair. Not where the
+        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair, and the PDN
+        statistic's k̃ from its input-dtype copy where the plan stores one (kt16_buf). Not where the
         tile is scaled first (the reverse state pass's Q̂ ⊙ e^B): rounding the rounded part again raised ccq_gdn's dS0
         error by a sixth to a half (bf16, T = 200, interpreter). `fast_log`: log nodes through `_fast_log` (triton_expr).
         """
@@ -671,6 +677,7 @@ def _context(ir: IR) -> dict:
     if ir.read.kind == "curvature" or (ir.precond.kind == "exact" and ir.precond.placement == "query"):
         em.q_override = "qh_buf"  # the read query q̂ (CCQ, exact ATQ), per value head
         em.q_lo = "ql_buf" if ir.read.kind == "curvature" else None
+    em.kt16 = any(o.name.rstrip("_") == "kw16" for st in plan.find("precond_diag") for o in st.outputs)
     decay = "scalar" if ir.decay.kind == "const" else ir.decay.kind
     delta = not st.additive
     untied = not st.tied

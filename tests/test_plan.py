@@ -162,9 +162,14 @@ def test_pgdn_adds_precond_diag_feeding_the_write_key():
     assert Counter(p.kinds()) - Counter(base.kinds()) == Counter(gates=1, chunk_cumsum=1, precond_diag=1)
     pre = p.stage("precond_diag")
     kw = pre.outputs[0].name
-    assert p.stage("interaction").role("A") == kw  # write key: columns of L' = E ⋆⁻ A
+    assert pre.out(kw).dtype == "fp32"
+    # its input-dtype copy (KTILDE_COPY) for the stages that take the write key only as an unscaled matmul operand:
+    # the columns of L' = E ⋆⁻ A and the output's scores; the state pass scales it by the decay first: fp32
+    kw16 = pre.out("kw16")
+    assert kw16.dtype == "in" and kw16.shape == pre.out(kw).shape
+    assert p.stage("interaction").role("A") == kw16.name
     assert p.stage("interaction").role("E") == "kn"  # erase key stays k
-    assert p.stage("state_pass").role("K0") == kw and p.stage("output").role("K0") == kw
+    assert p.stage("state_pass").role("K0") == kw and p.stage("output").role("K0") == kw16.name
     assert p.stage("output").role("Q") == "qn"  # the read key/query is untouched
     assert p.graph.has_edge(p.stage("cumsum_gP"), pre)
     assert pre.outputs[1].shape == "[N,H,dk]"  # statistics per key head (shared by grouped value heads)
@@ -518,10 +523,10 @@ def test_backward_plan(name):
 
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])
 def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
-    """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept (8 B per token
-    and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms it after the
-    chunk gradients and forms each input's share of k̃'s and the increment's chain rule (bwd_inputs reads the shares,
-    not the statistic); the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the state
+    """The preconditioned specs' memory model: k̃ (and its copy) and the statistic's chunk-start carries A_n are kept
+    (8 B per token and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms
+    it after the chunk gradients and forms each input's share of k̃'s and the increment's chain rule (bwd_inputs reads
+    the shares, not the statistic); the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the state
     passes (freed before the peak); H_n is rerun; the printed model names every decision."""
     from dgps.compiler.plan import PEAK_PHASE, build_backward_plan, bytes_per_token
 
@@ -529,7 +534,11 @@ def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
     bp = build_backward_plan(p)
     assert bp is not None
     m = {d.kind: d for d in bp.memory}
-    assert [o.name for o in m["precond_diag"].kept] == ["kw", "An"] and m["precond_diag"].kept_bytes == 520
+    # (pgdn: and k̃'s input-dtype copy, which the matmul-only readers take: KTILDE_COPY; pkda's per-channel decay
+    # scales k̃ in every reader: no copy)
+    copy = ["kw16"] if name == "pgdn" else []
+    assert [o.name for o in m["precond_diag"].kept] == ["kw", "An", *copy]
+    assert m["precond_diag"].kept_bytes == 520 + 256 * len(copy)
     assert m["gates"].recompute and m["gates"].cost == "loads" and not m["gates"].kept
     assert not m["wy"].recompute and m["wy"].last_read < PEAK_PHASE
     assert m["state_pass"].recompute and "state_pass" in bp.recomputed
