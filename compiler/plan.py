@@ -434,8 +434,10 @@ PDN_SCAN_ROWS = 128
 # fp32 tile to: the same products, half the bytes): with one decay per token or none, the interaction's L', the
 # output's scores and, in the backward, bwd_local_values and bwd_solve. The state passes scale k̃ by the decay before
 # their products and bwd_grads uses it elementwise: they keep the fp32 k̃ (rounded to bf16, it raised pkda's
-# gradient errors by a third: _precond_output). Per-channel decay scales it everywhere: no copy.
-KTILDE_COPY = True
+# gradient errors by a third: _precond_output). Per-channel decay scales it everywhere: no copy. Off until timed (run
+# 106): the copy is kept for the backward's two readers, so a training forward of pgdn holds 64 MiB more at the
+# reference shape (293 → 357 MiB; the step's peak, after bwd_solve, unchanged at 1040: benchmarks/memory_trace.py)
+KTILDE_COPY = False
 
 
 def _write_key_copy(b: _Builder) -> bool:

@@ -223,9 +223,9 @@ def _fast_log(x, INTERPRET: tl.constexpr):
 
 @triton.jit
 def chunk_precond_diag_kernel(
-    p_gP, p_betaP, p_mu, kt_buf, kt16_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    p_gP, p_betaP, p_mu, kt_buf, a0, a_out, an_buf, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
     HP: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BTS: tl.constexpr, BK: tl.constexpr,
-    DT_ID: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    INTERPRET: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_n = i_nh // HP
@@ -270,9 +270,6 @@ def chunk_precond_diag_kernel(
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            # and rounded to the input dtype, for the stages that take it only as a matmul operand (compiler/plan.py KTILDE_COPY)
-            tl.store(kt16_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _cast_for(b_kt, kt16_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BTS) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
             i_ts += 1
@@ -305,9 +302,6 @@ def chunk_precond_diag_kernel(
             b_map = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BTS, BK], dtype=tl.float32) + tl.exp((-0.4054651081081644 * ((((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))) / (1.0 + tl.abs(((-1.0 * _b_map_mu) + _fast_log((1e-06 + b_stat), INTERPRET))))))), 0.)
             b_kt = b_map * b_k
             tl.store(kt_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], b_kt, mask=m_r[:, None] & m_k[None, :])
-            # and rounded to the input dtype, for the stages that take it only as a matmul operand (compiler/plan.py KTILDE_COPY)
-            tl.store(kt16_buf + (rows[:, None] * HP + i_p) * DK + o_k[None, :], _cast_for(b_kt, kt16_buf, DT_ID),
-                     mask=m_r[:, None] & m_k[None, :])
             last = tl.minimum(eos - t0, BTS) - 1
             b_A = tl.sum(tl.where((o_t == last)[:, None], b_stat, 0.), 0)
     tl.store(a_out + (i_n * HP + i_p) * DK + o_k, b_A, mask=m_k)
@@ -320,7 +314,7 @@ def chunk_precond_diag_kernel(
 #   substitution inside each diagonal 16×16 block, block merge for the off-diagonal blocks.
 @triton.jit
 def chunk_interaction_kernel(
-    p_beta, kt16_buf, t_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    p_beta, kt_buf, t_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -370,20 +364,20 @@ def chunk_interaction_kernel(
         # -- row block 0
         _b_e0_k = tl.load(pn_k + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e0_k, 0.)
-        _b_a0_ktilde = tl.load(kt16_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a0_ktilde = tl.load(kt_buf + (rb0[:, None] * H + i_h) * DK + o_k[None, :], mask=mb0[:, None] & m_k[None, :], other=0.)
         b_a0 = tl.where(mb0[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a0_ktilde, 0.)
         L0_0 += _mm(b_e0, tl.trans(b_a0), DT_ID)
         # -- row block 1
         _b_e1_k = tl.load(pn_k + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e1_k, 0.)
-        _b_a1_ktilde = tl.load(kt16_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a1_ktilde = tl.load(kt_buf + (rb1[:, None] * H + i_h) * DK + o_k[None, :], mask=mb1[:, None] & m_k[None, :], other=0.)
         b_a1 = tl.where(mb1[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a1_ktilde, 0.)
         L1_0 += _mm(b_e1, tl.trans(b_a0), DT_ID)
         L1_1 += _mm(b_e1, tl.trans(b_a1), DT_ID)
         # -- row block 2
         _b_e2_k = tl.load(pn_k + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e2_k, 0.)
-        _b_a2_ktilde = tl.load(kt16_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a2_ktilde = tl.load(kt_buf + (rb2[:, None] * H + i_h) * DK + o_k[None, :], mask=mb2[:, None] & m_k[None, :], other=0.)
         b_a2 = tl.where(mb2[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a2_ktilde, 0.)
         L2_0 += _mm(b_e2, tl.trans(b_a0), DT_ID)
         L2_1 += _mm(b_e2, tl.trans(b_a1), DT_ID)
@@ -391,7 +385,7 @@ def chunk_interaction_kernel(
         # -- row block 3
         _b_e3_k = tl.load(pn_k + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_e3_k, 0.)
-        _b_a3_ktilde = tl.load(kt16_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a3_ktilde = tl.load(kt_buf + (rb3[:, None] * H + i_h) * DK + o_k[None, :], mask=mb3[:, None] & m_k[None, :], other=0.)
         b_a3 = tl.where(mb3[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a3_ktilde, 0.)
         L3_0 += _mm(b_e3, tl.trans(b_a0), DT_ID)
         L3_1 += _mm(b_e3, tl.trans(b_a1), DT_ID)
@@ -649,7 +643,7 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    kt16_buf, h_buf, vn_buf, o_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    kt_buf, h_buf, vn_buf, o_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -682,7 +676,7 @@ def chunk_output_kernel(
                       mask=m_k[:, None] & m_v[None, :], other=0.)
         _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_ktilde = tl.load(kt16_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_o += _mm(b_q, b_h, DT_ID)
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
@@ -694,7 +688,7 @@ def chunk_output_kernel(
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
 @triton.jit
 def chunk_bwd_local_values_kernel(
-    kt16_buf, do_buf, dul_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
+    kt_buf, do_buf, dul_buf, pn_q, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
@@ -724,7 +718,7 @@ def chunk_bwd_local_values_kernel(
         m_k = o_k < DK
         _b_q_q = tl.load(pn_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
-        _b_a_ktilde = tl.load(kt16_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         b_st += _mm(b_a, tl.trans(b_q), DT_ID)
     b_st = tl.where(m_ge, b_st, 0.)
@@ -890,7 +884,7 @@ def chunk_bwd_state_kernel(
 #   input dtype (its products round their operands to it anyway), and the per-token shares in fp32; the target's adjoint is final here.
 @triton.jit
 def chunk_bwd_solve_kernel(
-    p_v, p_beta, kt16_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_v, pn_k, cu_seqlens,
+    p_v, p_beta, kt_buf, t_buf, vn_buf, do_buf, du_buf, dbc_buf, dy_buf, dsg_buf, dlg_buf, dx_v, pn_k, cu_seqlens,
     chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
@@ -938,7 +932,7 @@ def chunk_bwd_solve_kernel(
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        _b_a_ktilde = tl.load(kt16_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
         _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
@@ -1300,14 +1294,14 @@ _DT_BUFFERS = ("kt16_buf", "ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
-    'chunk_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'kt16_buf', 'a0', 'a_out', 'an_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'DT_ID', 'INTERPRET', 'KEEP'),
-    'chunk_interaction_kernel': ('p_beta', 'kt16_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'kt_buf', 'a0', 'a_out', 'an_buf', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'KEEP'),
+    'chunk_interaction_kernel': ('p_beta', 'kt_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_state_pass_kernel': ('kt_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('kt16_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_local_values_kernel': ('kt16_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_output_kernel': ('kt_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_local_values_kernel': ('kt_buf', 'do_buf', 'dul_buf', 'pn_q', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
-    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt16_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_precond_diag_kernel': ('p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'pn_k', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'NKP'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'aq_buf', 'ae_buf', 'abeta_buf', 'apdec_buf', 'dx_q', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
@@ -1345,7 +1339,7 @@ def _rerun_kernels(kept):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "kt_buf", "an_buf", "kt16_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "kt_buf", "an_buf", "t_buf", "w_buf", "u_buf"]
 
 
 def _next_pow2(x):
@@ -1486,7 +1480,6 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["kt_buf"] = (TT * H * DK, f32)  # precond_diag.kw
     if keep:  # read back by the backward only
         b["an_buf"] = ((triton.cdiv(TT, BT) + N) * H * DK, f32)  # precond_diag.An
-    b["kt16_buf"] = (TT * H * DK, dt)  # precond_diag.kw16
     b["t_buf"] = (TT * HV * BT, dt)  # triangular_solve.Tm
     b["w_buf"] = (TT * HV * DK, dt)  # wy.W
     b["u_buf"] = (TT * HV * DV, dt)  # wy.Ut
