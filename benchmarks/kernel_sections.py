@@ -113,7 +113,13 @@ def main() -> int:
         modname, attr = target.rsplit(".", 1)
         owner = importlib.import_module(modname)
         old = getattr(owner, attr)
-        setattr(owner, attr, type(old)(value) if not isinstance(old, str) else value)
+        if isinstance(old, bool):  # (bool("False") is True)
+            if value not in ("True", "False"):
+                raise SystemExit(f"--patch {spec}: {attr} is a bool: True or False")
+            new: object = value == "True"
+        else:
+            new = type(old)(value) if not isinstance(old, str) else value
+        setattr(owner, attr, new)
         try:
             pmod = load_chunk(rec.ir)
             own[f"patch {spec}"] = recorded(pmod)
