@@ -101,12 +101,14 @@ def test_fast_log_only_in_the_pdn_map() -> None:
     assert "_fast_log(" not in src and "tl.log(" in src
 
 
-def test_ktilde_copy_changes_no_result(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", ["pgdn", "pdn"])
+def test_ktilde_copy_changes_no_result(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """k̃'s input-dtype copy (compiler/plan.py KTILDE_COPY): the interaction, the output, bwd_local_values and
     bwd_solve take k̃ only as an unscaled matmul operand, which they round to the input dtype, so they read the copy
     (rounded once, to nearest, where precond_diag forms k̃) instead of the fp32 k̃; the state passes and bwd_grads keep
-    the fp32 one. bf16 inputs, varlen: the output, final states and every gradient are bitwise those of the fp32 k̃."""
-    rec = dgps.load(SPECS / "pgdn.dgps")
+    the fp32 one. bf16 inputs, varlen, one decay per token (pgdn) or none (pdn): the output, final states and every
+    gradient are bitwise those of the fp32 k̃."""
+    rec = dgps.load(SPECS / f"{name}.dgps")
     x = {k: (v.to(torch.bfloat16) if v.dim() >= 3 else v.float())
          for k, v in rec.random_inputs(1, CU[-1], 1, 16, 16, 2, seed=5).items()}
     cu = torch.tensor(CU, dtype=torch.int32)
