@@ -77,6 +77,11 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         # raised delta_rule's o above FLA's): as IEEE fp32 dots they spilled 856 B at 1 warp and ran at 2 (run 17:
         # 0.195 ms for delta_rule); as tf32x3 the compile report has deltanet at 255 registers / no spill at 1 warp, 240
         # at 2. Not yet timed on the H200 (run 87 sweeps 1, 2 and 4 warps)
+        if precond == "diag" and BK <= 128:
+            # the diagonal preconditioner's fp32 k̃ as the write key: BK 64 / 1 warp spills 192 B (255 registers), BK 32
+            # / 1 warp holds 223, none (compile report, pgdn, dk = 128). H100 (tune.py, run 106): pgdn 0.152 ms against
+            # 0.161 at BK 64, 0.269 at BK 32 / 2 warps; gdn stays fastest at BK 64 (0.0985 against 0.113 at BK 32)
+            return min(32, BK), bv_full, 1, 1
         return bk_block, bv_full, 1, 1
     if name == "decay_keys":
         return bk_block, bv_full, 4, 1

@@ -1093,21 +1093,15 @@ def gate_gradient(p: Plan) -> bool:
     return any(x.name in names for x in getattr(p.role("g"), "free_symbols", ()))
 
 
-# Whether direct_gate_input applies under a diagonal preconditioner too (pkda: bwd_grads 0 -> 24 B of spill at BK 64 /
-# 8 warps, compile report sm_90, dk = 128; run 106 times it against bwd_inputs' fp32 round trip)
-DIRECT_GATE_UNDER_DIAG = False
-
-
 def direct_gate_input(p: Plan) -> str | None:
     """The input whose gradient bwd_grads stores itself because it is the log gate's: a per-channel decay (tied or
     additive family) whose log gate is one key-channel token input that nothing else reads and that is not
     normalised. One block of key channels holds that adjoint whole (the gate's cumsum runs within the chunk, channel
     by channel), so its fp32 [T, HV, dk] tile need not go to memory for bwd_inputs to read back and cast: kda's
-    bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Not under a diagonal
-    preconditioner: pkda's bwd_grads holds k̃ and two key adjoints at 255 registers, and the store there spills 16 B
-    (compile report, sm_90, dk = 128)."""
-    under_diag = p.structure.precond == "diag" and not DIRECT_GATE_UNDER_DIAG
-    if p.structure.decay != "vector" or p.family == "untied" or under_diag:
+    bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Under a diagonal
+    preconditioner too, although pkda's bwd_grads (k̃ and two key adjoints) then spills 24 B at BK 64 / 8 warps
+    (compile report, sm_90, dk = 128): H100, run 106, bwd_inputs 0.215 → 0.143 ms, bwd_grads 1.046 → 1.040."""
+    if p.structure.decay != "vector" or p.family == "untied":
         return None
     g = p.role("g")
     if not getattr(g, "is_Symbol", False):

@@ -295,7 +295,7 @@ def chunk_interaction_kernel(
                      _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
             d_dn = tl.exp2(b_g)
             a_up = tl.trans(b_a * tl.exp2(-b_g))
-            S_f += _mm_tf32(b_q * d_dn, a_up, DT_ID)
+            S_f += _mm_tf32x3(b_q * d_dn, a_up, DT_ID)
         tl.store(s_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], _cast_for(tl.where(m_le, S_f, 0.), s_buf, DT_ID),
                  mask=m_r[:, None])
     else:
@@ -327,7 +327,7 @@ def chunk_interaction_kernel(
                 g_rel = tl.minimum(tl.reshape(b_g, [4, BC, BK]) - b_r[:, None, :], 0.)
                 d_dn = tl.exp2(g_rel)
                 a_up = tl.permute(tl.reshape(b_a, [4, BC, BK]) * tl.exp2(-g_rel), (0, 2, 1))
-                Sd += tl.where(m_lt, _mm_tf32(tl.reshape(b_q, [4, BC, BK]) * d_dn, a_up, DT_ID), 0.)
+                Sd += tl.where(m_lt, _mm_tf32x3(tl.reshape(b_q, [4, BC, BK]) * d_dn, a_up, DT_ID), 0.)
             else:
                 o_ref = (o_t // 16) * 16 + 7
                 m_hi = (o_t % 16) >= 8
@@ -336,7 +336,7 @@ def chunk_interaction_kernel(
                 d_ref = tl.exp2(-tl.abs(b_g - b_ref))
                 a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
                 m_pair = ((o_c[:, None] ^ o_c[None, :]) < 16)[None, :, :]
-                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                Sd += tl.where(m_pair, _mm_tf32x3(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
                                                 tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
                 o_ref = (o_t // 8) * 8 + 3
                 m_hi = (o_t % 8) >= 4
@@ -345,7 +345,7 @@ def chunk_interaction_kernel(
                 d_ref = tl.exp2(-tl.abs(b_g - b_ref))
                 a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
                 m_pair = ((o_c[:, None] ^ o_c[None, :]) < 8)[None, :, :]
-                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                Sd += tl.where(m_pair, _mm_tf32x3(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
                                                 tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
                 o_ref = (o_t // 4) * 4 + 1
                 m_hi = (o_t % 4) >= 2
@@ -354,7 +354,7 @@ def chunk_interaction_kernel(
                 d_ref = tl.exp2(-tl.abs(b_g - b_ref))
                 a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
                 m_pair = ((o_c[:, None] ^ o_c[None, :]) < 4)[None, :, :]
-                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                Sd += tl.where(m_pair, _mm_tf32x3(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
                                                 tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
                 o_ref = (o_t // 2) * 2 + 0
                 m_hi = (o_t % 2) >= 1
@@ -363,7 +363,7 @@ def chunk_interaction_kernel(
                 d_ref = tl.exp2(-tl.abs(b_g - b_ref))
                 a_dn = tl.reshape(tl.where(m_hi[:, None], 0., b_a * d_ref), [4, BC, BK])
                 m_pair = ((o_c[:, None] ^ o_c[None, :]) < 2)[None, :, :]
-                Sd += tl.where(m_pair, _mm_tf32(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
+                Sd += tl.where(m_pair, _mm_tf32x3(tl.reshape(tl.where(m_hi[:, None], b_q * d_ref, 0.), [4, BC, BK]),
                                                 tl.permute(a_dn, (0, 2, 1)), DT_ID), 0.)
             # -- level 32: the later half-block rows (Q) against the earlier ones (A); the decayed operands
             # are new fp32 values, so tf32 keeps 3 more bits of them than bf16 would
@@ -801,7 +801,7 @@ def chunk_bwd_intra_kernel(
             b_aj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_aj_k, 0.)
             b_af = b_aj * tl.exp2(tl.minimum(b_r0[None, :] - b_gj, 0.))
             b_dsb = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_j * BC + o_c[None, :], mask=mb[:, None], other=0.)
-            b_acq += _mm_tf32(b_dsb, b_af, DT_ID)
+            b_acq += _mm_tf32x3(b_dsb, b_af, DT_ID)
         if i_j > i_i:
             b_gj = tl.load(g_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.)
             b_fj = tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
@@ -809,7 +809,7 @@ def chunk_bwd_intra_kernel(
             b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
             # [dS_JI]ᵀ, loaded transposed
             b_dsb = tl.load(dsq_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
-            b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
+            b_aca += _mm_tf32x3(b_dsb, b_qj * b_fj, DT_ID)
     b_fi = tl.exp2(tl.minimum(b_g - b_r0[None, :], 0.))
     b_dq += b_acq * b_fi
     b_da += b_aca * tl.exp2(tl.minimum(b_r1[None, :] - b_g, 0.))
