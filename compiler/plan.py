@@ -434,9 +434,11 @@ PDN_SCAN_ROWS = 128
 # fp32 tile to: the same products, half the bytes): with one decay per token or none, the interaction's L', the
 # output's scores and, in the backward, bwd_local_values and bwd_solve. The state passes scale k̃ by the decay before
 # their products and bwd_grads uses it elementwise: they keep the fp32 k̃ (rounded to bf16, it raised pkda's
-# gradient errors by a third: _precond_output). Per-channel decay scales it everywhere: no copy. Off until timed (run
-# 106): the copy is kept for the backward's two readers, so a training forward of pgdn holds 64 MiB more at the
-# reference shape (293 → 357 MiB; the step's peak, after bwd_solve, unchanged at 1040: benchmarks/memory_trace.py)
+# gradient errors by a third: _precond_output). Per-channel decay scales it everywhere: no copy. Off: H100 (run 106,
+# pgdn, kernel_sections.py --patch, one process) the readers gained 0.134 ms (interaction 0.166 → 0.130, output
+# 0.211 → 0.155, bwd_local_values 0.153 → 0.132, bwd_solve 0.347 → 0.327) and precond_diag lost 0.137 (0.189 →
+# 0.326: its BK = 16 blocks store the copy as 32-byte rows), and the copy, kept for the backward's two readers, adds
+# 64 MiB to what a training forward of pgdn holds at the reference shape (the step's peak unchanged: memory_trace.py)
 KTILDE_COPY = False
 
 
