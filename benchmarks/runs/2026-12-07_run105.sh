@@ -14,7 +14,7 @@
 q() { grep -v -i warn; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 first() {
-  timeout 140 python3 benchmarks/check_gpu_grads.py --systems gdn2 kda pgdn pkda ccq_gdn ccq_gla --dtype bf16 2>&1 | q | tail -5
+  timeout 140 python3 benchmarks/check_gpu_grads.py --systems gdn2 kda pgdn pkda ccq_gdn ccq_gla --dtype bf16 2>&1 | q | tail -8
   timeout 150 python3 benchmarks/bench_fla.py --systems gla kda gdn2 precond_kda --reps 5 --profile --accuracy \
       --json $OUT/run105_vector.json 2>&1 | q | tail -6
   bash benchmarks/runs/2026-12-06_run104.sh 2>&1 | q | tail -8
