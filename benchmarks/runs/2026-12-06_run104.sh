@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Twenty-fourth session: ran as run 104, both patches then shipped in a0b578a; `git apply` now refuses them: a record.)
 # Run 104 (prepared in the twenty-third session, not yet run: its device time was spent): does forming the additive
 # family's output scores in three tf32 products bring gla's o error under FLA's?
 # Hypothesis: gla's o error has sat 0.5 % above FLA's since run 26 (2.9812e-3 / 2.9664e-3 in run 101). FLA forms its
