@@ -1100,12 +1100,12 @@ def direct_gate_input(p: Plan) -> str | None:
     additive family) whose log gate is one key-channel token input that nothing else reads and that is not
     normalised. One block of key channels holds that adjoint whole (the gate's cumsum runs within the chunk, channel
     by channel), so its fp32 [T, HV, dk] tile need not go to memory for bwd_inputs to read back and cast: kda's
-    bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Not under a diagonal
-    preconditioner: pkda's bwd_grads (k̃ and two key adjoints, 255 registers at BK 64 / 8 warps) then spills 24 B
-    (8 B with a's gate share taken before the erase key; compile report, sm_90, dk = 128), against issue 9's no-spill
-    rule for the vector family, although it measured faster (H100, run 106: bwd_inputs 0.215 → 0.143 ms, bwd_grads
-    1.046 → 1.040; pkda's step 4.646 → 4.552 in run 108). A register-free form of that store is the open step."""
-    if p.structure.decay != "vector" or p.family == "untied" or p.structure.precond == "diag":
+    bwd_inputs was 0.071 ms of a 3.917 ms step, most of it that round trip (H100, run 99). Under a diagonal
+    preconditioner too: pkda's bwd_grads (k̃ and two key adjoints, 255 registers at BK 64 / 8 warps) spilled 24 B with
+    it (compile report, sm_90, dk = 128) while it measured faster (H100, run 106: bwd_inputs 0.215 → 0.143 ms,
+    bwd_grads 1.046 → 1.040; pkda's step 4.646 → 4.552 in run 108); reading k̃ again for a's share of the gate's
+    gradient (chunk_bwd_grad.jinja) leaves no spill, untimed as such."""
+    if p.structure.decay != "vector" or p.family == "untied":
         return None
     g = p.role("g")
     if not getattr(g, "is_Symbol", False):

@@ -510,8 +510,7 @@ def test_backward_plan(name):
     # bwd_inputs runs unless bwd_grads finished every gradient (elementwise chain rule: no L2 norm, gain or gate, but
     # a per-channel log gate that is one input: compiler/plan.py direct_gate_input)
     direct = direct_gate_input(p)
-    assert (direct is not None) == (vector and p.family != "untied" and ir.precond.kind != "diag"
-                                    and isinstance(p.role("g"), sp.Symbol))
+    assert (direct is not None) == (vector and p.family != "untied" and isinstance(p.role("g"), sp.Symbol))
     done = set(p.elementwise_grads) | ({direct} if direct else set())
     assert (kinds[-1] == "bwd_inputs") == (done != {d.name for d in ir.inputs})
     assert ("bwd_curvature_query" in kinds) == ("bwd_curvature_key" in kinds) == (ir.read.kind == "curvature")

@@ -1238,9 +1238,9 @@ def chunk_bwd_intra_kernel(
 @triton.jit
 def chunk_bwd_grad_kernel(
     p_q, p_k, p_beta, g_buf, kt_buf, h_buf, vn_buf, do_buf, dh_buf, ae_buf, aa_buf, abeta_buf, ag_buf, dbc_buf,
-    pq_buf, pa_buf, pe_buf, dy_buf, dx_q, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, NKG: tl.constexpr,
+    pq_buf, pa_buf, pe_buf, dy_buf, dx_q, dx_g, cu_seqlens, chunk_indices, scale, TT, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, NKG: tl.constexpr,
 ):
     i_c = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -1321,11 +1321,14 @@ def chunk_bwd_grad_kernel(
     tl.store(ae_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_de, mask=m_rk)
     tl.store(aa_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_da, mask=m_rk)
     tl.store(abeta_buf + ((i_hv * NKG + i_k) * TT + t0) + o_t, b_dbeta, mask=m_r)
+    # the write key again (an L2 hit) for its share of the gate's gradient, rather than held since the state terms
+    _b_a_ktilde = tl.load(kt_buf + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0., eviction_policy='evict_first')
+    b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_ktilde, 0.)
     b_db -= b_a * b_das
     b_db = tl.where(rows[:, None] == last, b_db + b_end[None, :], b_db)
     b_db = tl.where(m_rk, b_db, 0.)
     b_dg = tl.sum(b_db, 0)[None, :] - tl.cumsum(b_db, 0) + b_db
-    tl.store(ag_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dg, mask=m_rk)
+    tl.store(dx_g + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _cast_for(b_dg, dx_g, DT_ID), mask=m_rk)
 # ---- backward stage precond_diag (docs/chunk_forms.md §8 step 6): reverse over chunks, per (sequence, statistic head)
 #   dk̃ = Σ_heads ∂a/∂k̃ ⊙ da;  d𝒜 = ∂map/∂A ⊙ k ⊙ dk̃;  Ā = Λᵀ d𝒜 + e^{c_c − c} Ā_next (reverse decayed cumsum)
 #   One program per (sequence, statistic head, BK-wide block of key channels); the decay adjoint's sum over
@@ -1485,14 +1488,14 @@ def chunk_bwd_precond_diag_kernel(
     tl.store(da0 + (i_n * HP + i_p) * DK + o_k, b_carry, mask=m_k)
 # ---- backward stage inputs: the chain rule from the chunk operands' adjoints to every input and param --------
 #   d x = Σ_part ∂part/∂x · a_part (derivatives by sympy), then through the L2 norm of no input.
-#   Parts: lg = g; beta = beta; e = k; pre_betaP = betaP; pre_k = k; pre_mu = mu; pdec = gP
+#   Parts: beta = beta; e = k; pre_betaP = betaP; pre_k = k; pre_mu = mu; pdec = gP
 #   Per value head; key-head inputs and params are summed over their group (and over chunks) by the host.
 @triton.jit
 def chunk_bwd_inputs_kernel(
-    ae_buf, abeta_buf, ag_buf, apdec_buf, dx_k, dx_g, dx_beta, dx_gP, dx_betaP, dx_mu, apre_betaP_buf, apre_k_buf,
-    apre_mu_buf, cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    NKP: tl.constexpr, NKG: tl.constexpr,
+    ae_buf, abeta_buf, apdec_buf, dx_k, dx_beta, dx_gP, dx_betaP, dx_mu, apre_betaP_buf, apre_k_buf, apre_mu_buf,
+    cu_seqlens, chunk_indices, TT, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, NKP: tl.constexpr,
+    NKG: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -1511,7 +1514,6 @@ def chunk_bwd_inputs_kernel(
     o_v = tl.arange(0, BV)
     m_v = o_v < DV
     m_rv = m_r[:, None] & m_v[None, :]
-    a_lg = tl.load(ag_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_rk, other=0.)
     a_beta = tl.zeros([BT], dtype=tl.float32)
     p_a_beta = abeta_buf + ((i_hv * NKG) * TT + t0)
     for i_blk in range(0, NKG):
@@ -1535,10 +1537,6 @@ def chunk_bwd_inputs_kernel(
     g_k += a_e
     g_k += a_pre_k
     tl.store(dx_k + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_k, dx_k, DT_ID), mask=m_rk)
-    # d g
-    g_g = tl.zeros([BT, BK], dtype=tl.float32)
-    g_g += a_lg
-    tl.store(dx_g + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _cast_for(g_g, dx_g, DT_ID), mask=m_rk)
     # d beta
     g_beta = tl.zeros([BT], dtype=tl.float32)
     g_beta += a_beta
@@ -1589,9 +1587,9 @@ _KERNEL_ARGS = {
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'kg_buf', 'qg_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_scores_kernel': ('p_v', 'p_beta', 't_buf', 'l_buf', 'vn_buf', 'do_buf', 'du_buf', 'dsq_buf', 'dsl_buf', 'dbc_buf', 'dy_buf', 'dx_v', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_intra_kernel': ('p_q', 'p_k', 'g_buf', 'kt_buf', 'ag_buf', 'dsq_buf', 'dsl_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dy_buf', 'dx_q', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
+    'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'p_beta', 'g_buf', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'ae_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'pq_buf', 'pa_buf', 'pe_buf', 'dy_buf', 'dx_q', 'dx_g', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_precond_diag_kernel': ('p_k', 'p_gP', 'p_betaP', 'p_mu', 'an_buf', 'da_fin', 'da0', 'aa_buf', 'apdec_buf', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_offsets', 'TT', 'H', 'HV', 'HP', 'G', 'DK', 'BT', 'BTS', 'BK', 'INTERPRET', 'NKP'),
-    'chunk_bwd_inputs_kernel': ('ae_buf', 'abeta_buf', 'ag_buf', 'apdec_buf', 'dx_k', 'dx_g', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
+    'chunk_bwd_inputs_kernel': ('ae_buf', 'abeta_buf', 'apdec_buf', 'dx_k', 'dx_beta', 'dx_gP', 'dx_betaP', 'dx_mu', 'apre_betaP_buf', 'apre_k_buf', 'apre_mu_buf', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKP', 'NKG'),
 }
 DEBUG_NAN_FILL = False  # tests: backward buffers start as NaN, so an unwritten element shows up
 
@@ -2223,7 +2221,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     make["dy_buf"] = (TT * HV * DV, dt)  # bwd_scores.dY
     make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
     make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair, bwd_grads.dg
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
     make["pe_buf"] = (TT * HV * DK, fp32)  # bwd_intra.de_pair
     make["aa_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dkw
     make["ae_buf"] = (TT * HV * DK, fp32)  # bwd_grads.dke
