@@ -30,7 +30,7 @@ from ..compiler.plan import BackwardPlan, Operand, Plan, Stage, build_backward_p
 
 # a forward stage's stored operand -> the buffer its kernels name
 BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
-             ("precond_diag", "kw"): "kt_buf", ("precond_diag", "kw16"): "kt16_buf", ("precond_diag", "An"): "an_buf",
+             ("precond_diag", "kw"): "kt_buf", ("precond_diag", "An"): "an_buf",
              ("precond_exact", "kw"): "kt_buf", ("precond_exact", "qp"): "qh_buf",
              ("curvature_query", "qp"): "qh_buf", ("curvature_query", "qp_lo"): "ql_buf",
              ("curvature_query", "corr"): "corr_buf", ("curvature_query", "mq"): "mq_buf",

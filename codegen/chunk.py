@@ -438,6 +438,10 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 fused_grads=_fused_grad_code(ir, em, rl, plan, fused, value_once=value_side_once(plan)),
                 precond_code=_precond_backward_code(ir, em, plan),
                 direct_gate=direct,
+                # the log gate's direct store holds one tile more in bwd_grads: under a diagonal preconditioner (k̃ and
+                # two key adjoints) the write key is read again for its share of the gate's gradient rather than held
+                # (compile report, sm_90, dk = 128: pkda at BK 64 / 8 warps 255 registers + 24 B spill -> 255, none)
+                reload_write_key_for_gate=direct is not None and ir.precond.kind == "diag",
                 backward_buffer_code=make_code(backward_buffers(bplan)))
 
 
@@ -485,8 +489,7 @@ class _Emitter:
                                                                 and ir.precond.diag.heads == "key") else "value"
         self.q_override: str | None = None  # CCQ, exact ATQ: the stages read q̂ from this buffer
         self.q_lo: str | None = None  # CCQ: and q̂'s remainder from this one (q̂ = qh + ql, in the input dtype)
-        self._hi_only = False  # tile(hi_only=True): the q̂ (or k̃) tile is rounded to the input dtype anyway
-        self.kt16 = False  # the PDN statistic's k̃ also stored in the input dtype (kt16_buf: compiler/plan.py KTILDE_COPY)
+        self._hi_only = False  # tile(hi_only=True): the q̂ tile is rounded to the input dtype anyway
         # Lean loads (rows as t0 + o_t, a plain input without the broadcast-and-select) cut the scalar-decay state
         # pass's loop from 769 to 652 SASS instructions (FLA's: 612; H200 0.374 → 0.317 ms for gdn's two calls).
         # In the vector-decay kernels, already at 255 registers, they made sm_90 spill more (kda interaction
@@ -512,10 +515,6 @@ class _Emitter:
         if name == KTILDE.name:
             hp, nh = ("i_h", "H") if self.kt_heads == "key" else ("i_hv", "HV")
             o_k, m_k, _ = self._kcols
-            if self.kt16 and self._hi_only:  # the input-dtype copy: the operand the product rounds the fp32 k̃ to
-                out.append(f"{var} = tl.load(kt16_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
-                           f"mask={mask}[:, None] & {m_k}[None, :], other=0.).to(tl.float32)")
-                return var
             out.append(f"{var} = tl.load(kt_buf + {row_offset(rows, nh, hp, 'DK', o_k)}, "
                        f"mask={mask}[:, None] & {m_k}[None, :], other=0.)")
             return var
@@ -563,8 +562,7 @@ class _Emitter:
         tile is its load (whose mask zeroes the rest) also where loads are not lean: the curvature passes, whose
         tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128). `hi_only`: the tile is
         rounded to the input dtype as it enters a matmul, unscaled, so CCQ's q̂ is read as its rounded part alone (one
-        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair, and the PDN
-        statistic's k̃ from its input-dtype copy where the plan stores one (kt16_buf). Not where the
+        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair. Not where the
         tile is scaled first (the reverse state pass's Q̂ ⊙ e^B): rounding the rounded part again raised ccq_gdn's dS0
         error by a sixth to a half (bf16, T = 200, interpreter). `fast_log`: log nodes through `_fast_log` (triton_expr).
         """
@@ -677,7 +675,6 @@ def _context(ir: IR) -> dict:
     if ir.read.kind == "curvature" or (ir.precond.kind == "exact" and ir.precond.placement == "query"):
         em.q_override = "qh_buf"  # the read query q̂ (CCQ, exact ATQ), per value head
         em.q_lo = "ql_buf" if ir.read.kind == "curvature" else None
-    em.kt16 = any(o.name.rstrip("_") == "kw16" for st in plan.find("precond_diag") for o in st.outputs)
     decay = "scalar" if ir.decay.kind == "const" else ir.decay.kind
     delta = not st.additive
     untied = not st.tied
@@ -703,6 +700,13 @@ def _context(ir: IR) -> dict:
         decay_hook=decay_hook(ir.decay.kind, gate_gradient(plan)),
         delta=delta,
         untied=untied,
+        # per-channel decay's score and pair products off the 16×16 diagonal blocks (chunk_interaction_vector.jinja's
+        # output scores, chunk_bwd_intra.jinja's pair gradients): three tf32 products (fp32 accuracy) where no L' tile
+        # stands beside them, the additive family; one for the delta family, whose L' tiles leave no registers (kda:
+        # an 8 B spill). H100 (run 104, gla, B 4 T 4096 H 16 D 128 bf16, errors against float64): o 2.981e-3 →
+        # 2.939e-3 (FLA 2.966e-3), g 3.029e-3 → 3.017e-3 (FLA 3.020e-3); interaction 0.261 → 0.282 ms, bwd_intra
+        # 0.582 → 0.655, the training step 2.395 → 2.480 (0.71× FLA's)
+        pair_mm="_mm_tf32" if delta else "_mm_tf32x3",
         e_expr=rl.e,
         f_expr=rl.f,
         # the erase rows' decay: b_{t-1} (b one token earlier; 0 at a chunk's first token) when the erase reads the

@@ -429,29 +429,6 @@ def _precond_bind(b: _Builder, *exprs: sp.Expr | None) -> dict[str, str | None]:
 PDN_SCAN_ROWS = 128
 
 
-# Whether the diagonal statistic's k̃ is also stored rounded to the input dtype (`kw16`), next to the fp32 k̃: the stages
-# whose only use of the write key is as a matmul operand, unscaled, read that copy (the operand they rounded the
-# fp32 tile to: the same products, half the bytes): with one decay per token or none, the interaction's L', the
-# output's scores and, in the backward, bwd_local_values and bwd_solve. The state passes scale k̃ by the decay before
-# their products and bwd_grads uses it elementwise: they keep the fp32 k̃ (rounded to bf16, it raised pkda's
-# gradient errors by a third: _precond_output). Per-channel decay scales it everywhere: no copy. Off: H100 (run 106,
-# pgdn, kernel_sections.py --patch, one process) the readers gained 0.134 ms (interaction 0.166 → 0.130, output
-# 0.211 → 0.155, bwd_local_values 0.153 → 0.132, bwd_solve 0.347 → 0.327) and precond_diag lost 0.137 (0.189 →
-# 0.326: its BK = 16 blocks store the copy as 32-byte rows), and the copy, kept for the backward's two readers, adds
-# 64 MiB to what a training forward of pgdn holds at the reference shape (the step's peak unchanged: memory_trace.py)
-KTILDE_COPY = False
-
-
-def _write_key_copy(b: _Builder) -> bool:
-    return (KTILDE_COPY and b.s.precond == "diag" and b.s.precond_placement == "write_key"
-            and b.exprs["kw"] == KTILDE and b.s.decay != "vector" and b.family == "tied")
-
-
-def _kw_operand(b: _Builder) -> str | None:
-    """The write key as the matmul-only readers take it: the input-dtype copy where there is one."""
-    return b.op("kw16") or b.op("kw")
-
-
 def rule_precond_diag(b: _Builder) -> None:
     if b.s.precond != "diag":
         return
@@ -462,10 +439,8 @@ def rule_precond_diag(b: _Builder) -> None:
     bind = {**_precond_bind(b, d.map), "inc": b.op("p_inc"), "bP": b.op("bP"), "A0": "A0"}
     # An: the statistic's value at every chunk's start (a training forward writes it): the backward re-forms every
     # token's statistic from it, chunk-parallel, where it reads it (8 B per token and head instead of 512)
-    outs = [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"), b.new("An", _shape("B", "NT", heads, "dk"), "fp32")]
-    if _write_key_copy(b):
-        outs.append(b.new("kw16", out.shape, "in"))
-    b.add("precond_diag", "precond_diag", bind, outs,
+    b.add("precond_diag", "precond_diag", bind, [out, b.new("A_final", _shape("N", heads, "dk"), "fp32"),
+                                                 b.new("An", _shape("B", "NT", heads, "dk"), "fp32")],
           placement=b.s.precond_placement, heads=d.heads, map=d.map,
           scan_rows=b.chunk_size * max(1, PDN_SCAN_ROWS // b.chunk_size),
           write_key=b.exprs["kw"] if b.s.precond_placement == "write_key" else None)
@@ -604,7 +579,7 @@ def rule_interaction(b: _Builder) -> None:
                   [Sq := b.new("Sqa", MATRIX, "in")], matrices=((Sq.name, "Q", "A", "inclusive"),), **attrs)
         return
     if b.family == "tied":
-        bind = {"E": b.op("ke"), "A": b.op("kw") if scores else _kw_operand(b), "b": b.op("b"), "brow": _brow(b)}
+        bind = {"E": b.op("ke"), "A": b.op("kw"), "b": b.op("b"), "brow": _brow(b)}
         outs = [L := b.new("L", MATRIX, "fp32")]
         mats: tuple = ((L.name, "E", "A", "strict"),)
         if scores:
@@ -732,8 +707,6 @@ def rule_output(b: _Builder) -> None:
         inline = False
     else:
         (k, v), = _streams(b)
-        if k == b.op("kw"):
-            k = _kw_operand(b)  # (a matmul operand here, unscaled: the input-dtype copy where there is one)
         bind.update(K0=k, V0=v)
         scores = ((f"{bind['Q']}*{k}", v),)
         inline = True

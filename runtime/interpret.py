@@ -207,10 +207,7 @@ def run_precond_diag(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, 
         else:
             pieces.append(scale * x["q"].transpose(1, 2))  # type: ignore[union-attr]
     A_fin = A[:, ::ctx.G] if key_heads else A
-    out = {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin, st.outputs[2].name: carries}
-    if len(st.outputs) > 3:  # k̃'s input-dtype copy (compiler/plan.py KTILDE_COPY): in exact arithmetic, k̃ itself
-        out[st.outputs[3].name] = out[st.outputs[0].name]
-    return out
+    return {st.outputs[0].name: torch.cat(pieces, dim=1), st.outputs[1].name: A_fin, st.outputs[2].name: carries}
 
 
 def eliminate(M: torch.Tensor, KP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

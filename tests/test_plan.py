@@ -162,33 +162,12 @@ def test_pgdn_adds_precond_diag_feeding_the_write_key():
     assert Counter(p.kinds()) - Counter(base.kinds()) == Counter(gates=1, chunk_cumsum=1, precond_diag=1)
     pre = p.stage("precond_diag")
     kw = pre.outputs[0].name
-    assert pre.out(kw).dtype == "fp32" and len(pre.outputs) == 3  # KTILDE_COPY is off by default
     assert p.stage("interaction").role("A") == kw  # write key: columns of L' = E ⋆⁻ A
     assert p.stage("interaction").role("E") == "kn"  # erase key stays k
     assert p.stage("state_pass").role("K0") == kw and p.stage("output").role("K0") == kw
     assert p.stage("output").role("Q") == "qn"  # the read key/query is untouched
     assert p.graph.has_edge(p.stage("cumsum_gP"), pre)
     assert pre.outputs[1].shape == "[N,H,dk]"  # statistics per key head (shared by grouped value heads)
-
-
-def test_ktilde_copy_feeds_the_matmul_only_readers(monkeypatch):
-    """KTILDE_COPY: k̃'s input-dtype copy for the stages that take the write key only as an unscaled matmul operand
-    (the columns of L' = E ⋆⁻ A, the output's scores); the state pass scales it by the decay first: the fp32 k̃. Only
-    under one decay per token or none (pkda's per-channel decay scales k̃ in every reader: no copy); the copy is kept
-    for the backward (bwd_local_values, bwd_solve read it)."""
-    from dgps.compiler import plan as plan_module
-
-    monkeypatch.setattr(plan_module, "KTILDE_COPY", True)
-    p = build_plan(rec("pgdn").ir, 64, 16)
-    pre = p.stage("precond_diag")
-    kw, kw16 = pre.outputs[0], pre.out("kw16")
-    assert kw.dtype == "fp32" and kw16.dtype == "in" and kw16.shape == kw.shape
-    assert p.stage("interaction").role("A") == kw16.name and p.stage("output").role("K0") == kw16.name
-    assert p.stage("state_pass").role("K0") == kw.name
-    m = {d.kind: d for d in build_backward_plan(p).memory}
-    assert [o.name for o in m["precond_diag"].kept] == ["kw", "An", "kw16"]
-    pk = build_plan(rec("pkda").ir, 64, 16).stage("precond_diag")
-    assert [o.name for o in pk.outputs] == ["kw", "A_final", "An"]
 
 
 def test_ccq_adds_curvature_query_feeding_the_output_query():
@@ -538,10 +517,10 @@ def test_backward_plan(name):
 
 @pytest.mark.parametrize("name", ["pgdn", "pkda"])
 def test_memory_model_keeps_the_statistic_as_chunk_carries(name):
-    """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept
-    (8 B per token and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms
-    it after the chunk gradients and forms each input's share of k̃'s and the increment's chain rule (bwd_inputs reads
-    the shares, not the statistic); the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the state
+    """The preconditioned specs' memory model: k̃ and the statistic's chunk-start carries A_n are kept (8 B per token
+    and head for the carries, not 512 for the per-token statistic), from which bwd_precond_diag re-forms it after the
+    chunk gradients and forms each input's share of k̃'s and the increment's chain rule (bwd_inputs reads the shares,
+    not the statistic); the statistic's increment is evaluated on loads; W and Ũ are kept, read only by the state
     passes (freed before the peak); H_n is rerun; the printed model names every decision."""
     from dgps.compiler.plan import PEAK_PHASE, build_backward_plan, bytes_per_token
 

@@ -19,6 +19,7 @@
 #      fastest).
 #   (Not here, swept before: cler_h_gdn's state_output and state pass, run 93; bwd_solve, run 49; bwd_key_grads at
 #   BK 32, run 99.)
+# (A record: KTILDE_COPY and DIRECT_GATE_UNDER_DIAG were removed after this run; `a` no longer runs as written.)
 # Usage: bash benchmarks/runs/2026-12-06_run106.sh a|b   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 q() { grep -v -i warn; }

@@ -1830,7 +1830,7 @@ _NORMALIZED = []  # inputs the l2norm stage normalises once (into pn_<name>)
 # inputs whose share of the PDN statistic's parts bwd_precond_diag forms (into apre_<name>_buf): a key tile, or
 # per-token partial sums, one per block of key channels
 _PRECOND_SHARES = {}
-_BUFFERS = ("g_buf", "kt_buf", "kt16_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
+_BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf",
             "vn_buf", "o_buf", "r_buf", "s0", "s_out", "a0", "a_out", "c0", "c_out", "m0", "m_out", "n0",
             "an_buf", "aqc_buf", "mn_buf", "mq_buf", "ms_buf", "sh_buf", "sl_buf", "corr_buf", "cn_buf", "dn_buf", "dmc_buf",
             "do_buf", "dr_buf", "dul_buf", "dh_buf", "du_buf", "ds_fin", "ds0", "da_fin", "da0", "dc_fin", "dc0", "dm_fin", "dm0",
@@ -1843,7 +1843,7 @@ _BUFFERS = ("g_buf", "kt_buf", "kt16_buf", "qh_buf", "ql_buf", "t_buf", "l_buf",
     tuple("pn_" + n for n in _NORMALIZED) + \
     tuple(f"apre_{n}_buf" for n in _PRECOND_SHARES)
 # Buffers held in the input dtype (everything else is fp32).
-_DT_BUFFERS = ("kt16_buf", "ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
+_DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
