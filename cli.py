@@ -1,4 +1,4 @@
-"""The `dgps` command line: check, show (any stage), compile, verify, report, fuzz.
+"""The `dgps` command line: check, show (any stage), compile, verify, report, fuzz, tune.
 
 Every spec problem is printed as a located error and exits 1; no input makes it print a traceback.
 """
@@ -208,9 +208,42 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    device = _use_interpreter_without_gpu()
+    from .runtime.autotune import TuneError, tune
+    from .runtime.compile import compile as compile_spec
+
+    rec = _load(args.spec)
+    package = compile_spec(rec)
+    configs = [tuple(c) for c in args.configs] if args.configs else None
+    if device == "cpu":
+        print(f"{rec.name}: no GPU: tuning under the Triton interpreter times the interpreter, not a GPU "
+              "(what it records applies to CPU runs only)", file=sys.stderr)
+    try:
+        path, _ = tune(package, (args.B, args.T, args.H, args.dk, args.dv), HV=args.HV,
+                    dtype={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype], device=device,
+                    stages=args.stages, configs=configs, log=lambda s: print(s, flush=True))
+    except TuneError as e:
+        print(f"dgps tune: error: {e}", file=sys.stderr)
+        return 1
+    print(f"recorded in {path}")
+    return 0
+
+
+def _launch_setting(text: str) -> tuple[int, int, int, int]:
+    """BK,BV,warps,stages: a one-line usage error otherwise."""
+    try:
+        cfg = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        cfg = ()
+    if len(cfg) != 4 or min(cfg) < 1:
+        raise argparse.ArgumentTypeError(f"expected BK,BV,warps,stages (four positive integers), got {text!r}")
+    return cfg  # type: ignore[return-value]
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": cmd_check, "show": cmd_show, "compile": cmd_compile, "verify": cmd_verify, "report": cmd_report,
-    "fuzz": cmd_fuzz,
+    "fuzz": cmd_fuzz, "tune": cmd_tune,
 }
 
 
@@ -294,15 +327,30 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--T", type=_count, default=20, help="tokens per sequence")
     f.add_argument("--out", default=".", metavar="DIR",
                    help="directory where a minimal failing spec is written (fuzz-failure-<id>.dgps)")
+    t = sub.add_parser("tune", help="sweep each chunk stage's launch settings on this GPU, check every candidate's "
+                       "results against the table's, record the fastest (used by later calls; DGPS_TUNED=0 ignores)",
+                       formatter_class=_Help)
+    t.add_argument("spec")
+    t.add_argument("--B", type=_count, default=4, help="batch size")
+    t.add_argument("--T", type=_count, default=4096, help="tokens per sequence")
+    t.add_argument("--H", type=_count, default=16, help="key heads")
+    t.add_argument("--HV", type=_count, default=None, help="value heads, a multiple of H (default: H)")
+    t.add_argument("--dk", type=_count, default=128, help="key head size")
+    t.add_argument("--dv", type=_count, default=128, help="value head size")
+    t.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="input dtype")
+    t.add_argument("--stages", nargs="+", default=None, metavar="STAGE", help="only these stages (default: every "
+                   "stage the package launches at this shape; `dgps show --stage plan` lists them)")
+    t.add_argument("--configs", nargs="+", type=_launch_setting, default=None, metavar="BK,BV,WARPS,STAGES",
+                   help="only these candidates, for every stage swept (default: codegen/launch.py's per stage)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("verify", "report") and args.HV is not None and args.HV % args.H:
+    if args.command in ("verify", "report", "tune") and args.HV is not None and args.HV % args.H:
         parser.error(f"argument --HV: must be a multiple of --H = {args.H}, got {args.HV}")
-    if args.command in ("show", "compile", "verify", "report") and Path(args.spec).is_dir():
+    if args.command in ("show", "compile", "verify", "report", "tune") and Path(args.spec).is_dir():
         parser.error(f"argument spec: {args.spec!r} is a directory; pass a spec file")
     if args.command == "report" and (Path(args.output).suffix == ".dgps" or Path(args.output).is_file()):
         parser.error(f"argument -o/--output: names a directory for index.html, got {args.output!r}")

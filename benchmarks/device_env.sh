@@ -9,3 +9,6 @@ export PYTHONPATH="$scratch/site:$scratch/pkg" PYTHONUNBUFFERED=1
 [ -f .bench/fla_triton_cache_h200.tar.xz ] && xz -d < .bench/fla_triton_cache_h200.tar.xz | tar -C /tmp/fla_tc -xf -
 export TRITON_CACHE_DIR=/tmp/fla_tc TRITON_STORE_BINARY_ONLY=1 FLA_CACHE_RESULTS=1 FLA_DISABLE_BACKEND_DISPATCH=1
 export DGPS_CACHE_DIR="$scratch/dgps_cache"
+# benchmarks time the shipped launch table (codegen/launch.py), not settings a `dgps tune` in this session recorded
+# in $DGPS_CACHE_DIR/tuned; a run comparing the two sets DGPS_TUNED itself (benchmarks/tuned_ab.py)
+export DGPS_TUNED=0

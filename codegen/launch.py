@@ -3,10 +3,14 @@
 Generated chunk modules read it at launch time (`launch_config` there applies DGPS_LAUNCH overrides first), and
 `dgps show --stage plan` prints it for a head size. The settings were tuned on an H200 for the scalar-decay
 stages with benchmarks/tune.py; each comment says what was measured, and which faster settings are not used
-because Triton 3.6 built them wrong for sm_90. No autotuning at run time: a first call only compiles.
+because Triton 3.6 built them wrong for sm_90. No autotuning at run time unless asked for: a first call only
+compiles. `dgps tune` (runtime/autotune.py) sweeps `tuning_candidates` on the machine's own GPU and records the
+fastest checked settings, which generated modules then prefer to this table (DGPS_AUTOTUNE=1: at a first call).
 """
 
 from __future__ import annotations
+
+import itertools
 
 # stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
 WHOLE_VALUE_ROWS = ("bwd_inputs",)
@@ -311,3 +315,53 @@ def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str
             line += f"   few: BK={few[0]} BV={few[1]} warps={few[2]} stages={few[3]}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def tuning_candidates(name: str, DK: int, DV: int) -> list[tuple[int, int, int, int]]:
+    """The settings `dgps tune` (runtime/autotune.py) and benchmarks/tune.py try for one stage at head sizes DK, DV:
+    the neighbourhood of the table's choices, those the stage's kernel can run (check_launch). Left out on purpose:
+    8 warps for bwd_state and BV 16 there (faulted on sm_90 under Triton 3.6, runs 2 and 40)."""
+    fk = max(16, 1 << (DK - 1).bit_length())
+    fv = max(16, 1 << (DV - 1).bit_length())
+    half_k = max(16, fk // 2)
+    grid = {
+        "l2norm": itertools.product([fk], [64], [1, 2, 4, 8], [1]),
+        "chunk_cumsum": itertools.product([fk], [64], [1, 2, 4], [1]),
+        "interaction": itertools.product([32, 64], [64], [1, 2, 4, 8], [1]),
+        "wy": itertools.product([64, fk], [64], [2, 4, 8], [1, 2]),
+        "decay_keys": itertools.product([32, 64, fk], [64], [2, 4, 8], [1]),
+        "state_pass": itertools.product([fk, half_k], [16, 32, 64], [4, 8], [2, 3]),
+        "output": itertools.product([64, fk], [64, fv], [4, 8], [2, 3]),
+        # the state pass with the output fused in (scalar or no decay): two key tiles (the table's) or one
+        # (1 stage faulted on sm_90 under Triton 3.6, run 40)
+        "state_output": itertools.product(sorted({max(64, fk // 2), fk}), [16, 32, 64], [4, 8], [2, 3]),
+        "bwd_state": itertools.product([fk], [32, 64], [4], [1, 2, 3]),
+        "bwd_local_values": itertools.product([64, fk], [32, 64, fv], [4, 8], [1, 2]),
+        "bwd_grads": itertools.product([32, 64, fk], [32, 64], [4, 8], [1, 2]),
+        "bwd_solve": itertools.product([64], [32, 64, fv], [4, 8], [1, 2]),
+        "bwd_key_grads": itertools.product([32, 64], [32, 64], [4, 8], [1, 2]),
+        "bwd_scores": itertools.product([64], [32, 64], [4, 8], [1, 2]),
+        "bwd_intra": itertools.product([16, 32, 64], [64], [1, 2, 4, 8], [1]),
+        "bwd_inputs": itertools.product([fk], [fv], [4, 8], [1, 2]),  # whole value rows (BV >= dv)
+        # the PDN statistic splits over key-channel blocks (BK < dk: more programs, fewer live registers)
+        "precond_diag": itertools.product([8, 16, 32, 64], [fv], [1, 2, 4, 8], [1, 2]),
+        "bwd_precond_diag": itertools.product([8, 16, 32], [fv], [1, 2, 4], [1, 2]),
+        # the curvature passes per chunk: BV columns of the dk × dk sums, key rows in one or two blocks of BK
+        "curvature_query": itertools.product([half_k, fk], [32, 64, fk], [4, 8], [1, 2]),
+        "bwd_curvature_query": itertools.product([half_k, fk], [32, 64, fk], [4, 8], [1, 2]),
+        "bwd_curvature_key": itertools.product([half_k, fk], [32, 64, fk], [4, 8], [1, 2]),
+        # their carries: one [BK, BV] tile per program
+        "curvature_state": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
+        "bwd_curvature_carry": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
+    }.get(name, ())
+    out = []
+    for cfg in dict.fromkeys(grid):
+        bk, bv = cfg[0], cfg[1]
+        if bk > fk or bv > max(fk, fv):
+            continue
+        try:
+            check_launch("tune", name, cfg, DV, DK)
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out

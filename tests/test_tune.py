@@ -1,24 +1,23 @@
-"""benchmarks/tune.py: a candidate that faults ends its child process, and the sweep goes on with the ones after it
-(run 49's bwd_key_grads sweep stopped at its 7th of 16 candidates, the rest never timed)."""
+"""`dgps tune` (runtime/autotune.py): per-stage sweeps in child processes that survive a faulting candidate, every
+candidate's results checked against the table setting's before it is timed, the fastest recorded per device, module
+and shape class, and generated modules launching what was recorded (DGPS_TUNED=0: the table)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "tune.py"
+import dgps
+from dgps.cli import main as cli_main
+from dgps.codegen.launch import check_launch, tuning_candidates
+from dgps.runtime import autotune
 
-
-def _tune():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("tune_under_test", _PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = (1, 64, 1, 1, 32, 32)  # B T H HV dk dv: one chunk, under the interpreter
 
 
 def _fake_child(faulting: set[tuple[int, ...]], calls: list[list[tuple[int, ...]]]):  # noqa: ANN202
@@ -37,21 +36,77 @@ def _fake_child(faulting: set[tuple[int, ...]], calls: list[list[tuple[int, ...]
     return run
 
 
-def test_the_sweep_goes_on_past_a_faulting_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    tune = _tune()
+def test_the_sweep_goes_on_past_a_faulting_candidate() -> None:
+    # run 49's bwd_key_grads sweep stopped at its 7th of 16 candidates, the rest never timed
     calls: list[list[tuple[int, ...]]] = []
     todo = [(32, 32, 4, 1), (32, 64, 8, 2), (64, 64, 4, 1), (64, 32, 8, 1)]
-    monkeypatch.setattr(tune, "_run_child", _fake_child({(32, 64, 8, 2)}, calls))
-    rows, faulted = tune.sweep_stage("gdn", "bwd_key_grads", [4, 4096, 16, 128], todo)
+    rows, faults = autotune._run_children("pkg", "bwd_key_grads", SHAPE, "bfloat16", "cuda", todo,
+                                          _fake_child({(32, 64, 8, 2)}, calls))
     assert [tuple(r["config"]) for r in rows] == [(32, 32, 4, 1), (64, 64, 4, 1), (64, 32, 8, 1)]
-    assert [c for c, _ in faulted] == [(32, 64, 8, 2)] and "illegal address" in faulted[0][1]
+    assert len(faults) == 1 and "[32, 64, 8, 2]" in faults[0] and "illegal address" in faults[0]
     assert calls == [todo, todo[2:]]  # a new child takes the candidates after the faulting one
 
 
-def test_a_stage_that_fails_whatever_the_candidate_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    tune = _tune()
+def test_a_stage_that_fails_whatever_the_candidate_stops() -> None:
     calls: list[list[tuple[int, ...]]] = []
     todo = [(32, 32, 4, 1), (32, 64, 8, 2), (64, 64, 4, 1)]
-    monkeypatch.setattr(tune, "_run_child", _fake_child(set(todo), calls))
-    rows, faulted = tune.sweep_stage("gdn", "bwd_key_grads", [4, 4096, 16, 128], todo)
-    assert rows == [] and len(faulted) == 2 and len(calls) == 2  # two empty children in a row: not a candidate's fault
+    rows, faults = autotune._run_children("pkg", "bwd_key_grads", SHAPE, "bfloat16", "cuda", todo,
+                                          _fake_child(set(todo), calls))
+    assert rows == [] and len(faults) == 2 and len(calls) == 2  # two empty children in a row: not a candidate's fault
+
+
+@pytest.mark.parametrize("spec", ["gdn", "pgdn", "ccq_gdn", "kda", "gla", "cler_h_gdn", "rwkv7_dplr"])
+def test_every_launched_stage_has_candidates_its_kernel_takes(spec: str) -> None:
+    mod = dgps.compile(str(ROOT / "specs" / f"{spec}.dgps")).chunk
+    for n_state in (1, 64):
+        for stage in autotune.launched_stages(mod, n_state, 128, torch.device("cuda")):
+            cands = tuning_candidates(stage, 128, 128)
+            assert len(cands) >= 2, (spec, stage)
+            for c in cands:
+                check_launch(spec, stage, c, 128, 128)  # raises where the kernel cannot run it
+
+
+def _tune_gdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: ANN202
+    monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
+    autotune._TABLES.clear()
+    pkg = dgps.compile(str(ROOT / "specs" / "gdn.dgps"))
+    path, results = autotune.tune(pkg, (1, 64, 1, 32, 32), dtype="float32", device="cpu", log=lambda s: None, **kw)
+    return pkg, path, results
+
+
+def test_tune_records_the_fastest_checked_setting_and_the_module_launches_it(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg, path, results = _tune_gdn(tmp_path, monkeypatch, stages=["wy"], configs=[(16, 16, 2, 1)])
+    r = results["wy"]
+    assert r["table"] == [32, 32, 4, 1] and len([row for row in r["rows"] if "ms" in row]) == 2
+    assert path.parent == tmp_path / "tuned" / "cpu" and path.name.startswith("gdn-")
+    recorded = json.loads(path.read_text())["dk32-dv32-few"]["wy"]
+    assert recorded["config"] == r["config"] and recorded["table"] == [32, 32, 4, 1]
+    mod, cpu = pkg.chunk, torch.device("cpu")
+    assert mod.launch_config("wy", 32, 32, 1, cpu) == tuple(r["config"])
+    assert mod.launch_config("wy", 32, 32, 1, None) == (32, 32, 4, 1)  # no device: the table
+    assert mod.launch_config("wy", 64, 64, 1, cpu) == mod.launch_config("wy", 64, 64, 1, None)  # another class
+    monkeypatch.setenv("DGPS_TUNED", "0")
+    assert mod.launch_config("wy", 32, 32, 1, cpu) == (32, 32, 4, 1)
+
+
+def test_a_candidate_whose_results_differ_is_refused_not_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # at tolerance 0 only a setting with bitwise the table setting's results passes: the table's own (the kernels are
+    # deterministic) does, BK 16 (another summation order over the key channels) does not
+    monkeypatch.setenv("DGPS_TUNE_TOLERANCE", "0")
+    _, _, results = _tune_gdn(tmp_path, monkeypatch, stages=["interaction"], configs=[(16, 32, 1, 1)], record=False)
+    rows = results["interaction"]["rows"]
+    assert [row["config"] for row in rows if "ms" in row] == [[32, 32, 1, 1]]
+    refused = [row for row in rows if "refused" in row]
+    assert [row["config"] for row in refused] == [[16, 32, 1, 1]] and "differ" in refused[0]["refused"]
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["tune", str(ROOT / "specs" / "gdn.dgps"), "--configs", "64,64,4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "expected BK,BV,warps,stages" in err[-1]
+    assert cli_main(["tune", str(ROOT / "specs" / "gdn.dgps"), "--stages", "bwd_intra", "--T", "64", "--H", "1",
+                     "--B", "1", "--dk", "32", "--dv", "32"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dgps tune: error:") and "bwd_intra" in err[-1] and "wy" in err[-1]

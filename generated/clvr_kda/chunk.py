@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import triton
@@ -30,6 +31,7 @@ import triton.language as tl
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter
+from dgps.runtime.autotune import ensure_tuned, tuned_launch
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
 from dgps.runtime.reference import RecurrenceOutput, initial_states
@@ -1360,10 +1362,12 @@ def _next_pow2(x):
 LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 
-def launch_config(name, DK, DV, n_state=None):
-    """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else dgps.codegen.launch (n_state:
-    the call's sequences × value heads, where known)."""
-    cfg = LAUNCH_OVERRIDES.get(name) or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND)
+def launch_config(name, DK, DV, n_state=None, device=None):
+    """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else the setting `dgps tune`
+    recorded for this module on `device` (runtime/autotune.py), else dgps.codegen.launch (n_state: the call's
+    sequences × value heads, where known)."""
+    cfg = (LAUNCH_OVERRIDES.get(name) or tuned_launch(__file__, NAME, name, DK, DV, n_state, device)
+           or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND))
     return check_launch(NAME, name, cfg, DV, DK)
 
 
@@ -1420,7 +1424,8 @@ class _Run:
         # module was generated): Triton's launch cost grows with the argument count.
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.nkc, self.route is not None, self.device, tuple(LAUNCH_OVERRIDES.items()))
+               self.nkc, self.route is not None, self.device, tuple(LAUNCH_OVERRIDES.items()),
+               os.environ.get("DGPS_TUNED", "") != "0")
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
         tensors.update(self.bufs)
         tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
@@ -1444,7 +1449,7 @@ class _Run:
                       NKC=self.nkc)
         launches = []
         for name, kernel, kind in kernels:
-            BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV)
+            BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV, self.device)
             if kind == "chunk":
                 grid = (NT, HV)
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
@@ -1589,9 +1594,12 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if dt_id and interpret:
         dt_id += 2
-    nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV)[0])  # key-channel blocks of the PDN backward
-    nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV)[0])  # key-channel blocks of the chunk gradients
-    nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV)[1])  # column blocks of the curvature backward
+    if os.environ.get("DGPS_AUTOTUNE", "") == "1" and not interpret:  # opt-in: tune this shape class first
+        ensure_tuned(sys.modules[__name__], N, TT // N, H, HV, DK, DV, device)
+    # (the partial-sum blocks below follow the launches' own settings: the same n_state and device)
+    nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV, N * HV, device)[0])  # key-channel blocks of the PDN backward
+    nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV, N * HV, device)[0])  # key-channel blocks of the chunk gradients
+    nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV, N * HV, device)[1])  # column blocks of the curvature backward
     if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
         raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
                           "elements in one buffer; call with fewer tokens at a time")
