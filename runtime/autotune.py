@@ -176,6 +176,8 @@ def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name:
     saved = dict(mod.LAUNCH_OVERRIDES)
     mod.LAUNCH_OVERRIDES.pop(stage, None)
     reference = [t.clone() for t in step()]
+    # the reference ran: a child that dies after this line died of a candidate, not of the stage or the package
+    print(json.dumps({"stage": stage, "ready": True}), flush=True)
     tol = float(os.environ.get("DGPS_TUNE_TOLERANCE", TOLERANCE[dtype_name]))  # (tests set it)
 
     def timed() -> float:
@@ -223,23 +225,28 @@ def _run_children(package_dir: str, stage: str, shape: Sequence[int], dtype_name
     children printed and one line per faulted candidate."""
     rows: list[dict] = []
     faults: list[str] = []
-    idle = 0  # children in a row that printed nothing: two mean the stage itself fails, not one candidate
+    idle = 0  # children in a row that died before their reference step ran: two mean the stage itself fails
     while todo and idle < 2:
         cmd = [sys.executable, "-m", "dgps.runtime.autotune", "--child", package_dir, "--stage", stage,
                "--shape", *map(str, shape), "--dtype", dtype_name, "--device", device_name,
                "--configs", *(",".join(map(str, c)) for c in todo)]
         proc = run(cmd)
         got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        rows += got
+        rows += [r for r in got if "ready" not in r]
         if any("skip" in r for r in got):
             break
-        idle = 0 if got else idle + 1
+        err = (proc.stderr or "").strip().splitlines()
+        last = next((line for line in reversed(err) if "Error" in line), err[-1] if err else "")
+        why = f"the child exited {proc.returncode}" + (f" ({last.strip()[:200]})" if last else "")
+        if not any("ready" in r for r in got):  # not a candidate's doing: try once more, then give the stage up
+            idle += 1
+            faults.append(f"{stage}: {why} before its reference step ran")
+            continue
+        idle = 0
         done = len([r for r in got if "config" in r])
         if proc.returncode == 0 or done >= len(todo):
             break
-        err = (proc.stderr or "").strip().splitlines()
-        faults.append(f"{stage} {list(todo[done])}: the child exited {proc.returncode}"
-                      + (f" ({err[-1][:200]})" if err else ""))
+        faults.append(f"{stage} {list(todo[done])}: {why}")
         todo = todo[done + 1:]
     return rows, faults
 

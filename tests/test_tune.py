@@ -20,13 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SHAPE = (1, 64, 1, 1, 32, 32)  # B T H HV dk dv: one chunk, under the interpreter
 
 
-def _fake_child(faulting: set[tuple[int, ...]], calls: list[list[tuple[int, ...]]]):  # noqa: ANN202
-    """Times candidates in order, as the child does, and dies at the first faulting one."""
+def _fake_child(faulting: set[tuple[int, ...]], calls: list[list[tuple[int, ...]]],  # noqa: ANN202
+                ready: bool = True):
+    """Times candidates in order, as the child does, and dies at the first faulting one; `ready`: its reference step
+    runs (else it dies before)."""
 
     def run(cmd: list[str]) -> subprocess.CompletedProcess:
         todo = [tuple(int(v) for v in c.split(",")) for c in cmd[cmd.index("--configs") + 1:]]
         calls.append(todo)
-        out = []
+        if not ready:
+            return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: CUDA error: illegal address")
+        out = [json.dumps({"stage": "bwd_key_grads", "ready": True})]
         for c in todo:
             if c in faulting:
                 return subprocess.CompletedProcess(cmd, 1, "\n".join(out), "RuntimeError: CUDA error: illegal address")
@@ -47,12 +51,22 @@ def test_the_sweep_goes_on_past_a_faulting_candidate() -> None:
     assert calls == [todo, todo[2:]]  # a new child takes the candidates after the faulting one
 
 
+def test_candidates_faulting_one_after_another_are_each_skipped() -> None:
+    # H100 run 111: curvature_query at BV 32 faulted at every warp and stage count, one child after another; the
+    # sweep had stopped there as if the stage itself failed, and the candidates after them went untimed
+    calls: list[list[tuple[int, ...]]] = []
+    todo = [(64, 64, 4, 1), (64, 32, 4, 1), (64, 32, 4, 2), (64, 32, 8, 1), (64, 64, 8, 1)]
+    rows, faults = autotune._run_children("pkg", "bwd_key_grads", SHAPE, "bfloat16", "cuda", todo,
+                                          _fake_child(set(todo[1:4]), calls))
+    assert [tuple(r["config"]) for r in rows] == [(64, 64, 4, 1), (64, 64, 8, 1)] and len(faults) == 3
+
+
 def test_a_stage_that_fails_whatever_the_candidate_stops() -> None:
     calls: list[list[tuple[int, ...]]] = []
     todo = [(32, 32, 4, 1), (32, 64, 8, 2), (64, 64, 4, 1)]
     rows, faults = autotune._run_children("pkg", "bwd_key_grads", SHAPE, "bfloat16", "cuda", todo,
-                                          _fake_child(set(todo), calls))
-    assert rows == [] and len(faults) == 2 and len(calls) == 2  # two empty children in a row: not a candidate's fault
+                                          _fake_child(set(), calls, ready=False))
+    assert rows == [] and len(faults) == 2 and len(calls) == 2  # two children in a row died before their reference
 
 
 @pytest.mark.parametrize("spec", ["gdn", "pgdn", "ccq_gdn", "kda", "gla", "cler_h_gdn", "rwkv7_dplr"])
