@@ -311,17 +311,17 @@ def tune(pkg: Any, shape: Sequence[int], *, HV: int | None = None, dtype: str = 
     return path, results
 
 
-def ensure_tuned(module: Any, N: int, T: int, H: int, HV: int, DK: int, DV: int, device: Any,
+def ensure_tuned(module: Any, N: int, T: int, H: int, HV: int, DK: int, DV: int, device: Any, dtype: Any,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> None:
     """DGPS_AUTOTUNE=1: tune the package of chunk module `module` at the call's shape once per device and shape
-    class, before the class's first launch on a GPU."""
-    if (os.environ.get("DGPS_AUTOTUNE", "") != "1" or getattr(device, "type", "cpu") != "cuda"
-            or is_tuned(module.__file__, module.NAME, DK, DV, N * HV, device)):
+    class, before the class's first launch (the generated hosts call it on a GPU only)."""
+    if os.environ.get("DGPS_AUTOTUNE", "") != "1" or is_tuned(module.__file__, module.NAME, DK, DV, N * HV, device):
         return
     pkg = sys.modules[module.__name__.rpartition(".")[0]]
     log(f"dgps: DGPS_AUTOTUNE=1: tuning {module.NAME} at B={N} T={T} H={H} HV={HV} dk={DK} dv={DV} on "
         f"{device_label(device)} (once per shape class; minutes: every candidate compiles)")
-    tune(pkg, (N, T, H, DK, DV), HV=HV, device=str(device), log=lambda s: log("  " + s))  # and records
+    tune(pkg, (N, T, H, DK, DV), HV=HV, dtype=str(dtype).removeprefix("torch."), device=str(device),
+         log=lambda s: log("  " + s))  # and records
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -124,3 +124,27 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
                      "--B", "1", "--dk", "32", "--dv", "32"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("dgps tune: error:") and "bwd_intra" in err[-1] and "wy" in err[-1]
+
+
+def test_autotune_tunes_a_class_once_at_its_first_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
+    autotune._TABLES.clear()
+    mod = dgps.compile(str(ROOT / "specs" / "gdn.dgps")).chunk
+    calls = []
+
+    def fake_tune(pkg, shape, **kw):  # noqa: ANN001, ANN003, ANN202 - records what `tune` would have recorded
+        calls.append((pkg.chunk is mod, tuple(shape), kw["HV"], kw["dtype"]))
+        path = autotune.tuned_path(mod.__file__, mod.NAME, "cpu")
+        autotune._record(path, autotune.shape_class(32, 32, shape[0] * kw["HV"]), {}, {})
+        return path, {}
+
+    monkeypatch.setattr(autotune, "tune", fake_tune)
+    cpu = torch.device("cpu")
+    autotune.ensure_tuned(mod, 1, 64, 1, 1, 32, 32, cpu, torch.bfloat16, log=lambda s: None)  # off by default
+    assert calls == []
+    monkeypatch.setenv("DGPS_AUTOTUNE", "1")
+    for _ in range(2):
+        autotune.ensure_tuned(mod, 1, 64, 1, 1, 32, 32, cpu, torch.bfloat16, log=lambda s: None)
+    assert calls == [(True, (1, 64, 1, 32, 32), 1, "bfloat16")]  # the second call finds the class tuned
+    autotune.ensure_tuned(mod, 32, 64, 4, 4, 32, 32, cpu, torch.float32, log=lambda s: None)  # another class: many
+    assert len(calls) == 2 and calls[1][1:] == ((32, 64, 4, 32, 32), 4, "float32")

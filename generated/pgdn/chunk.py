@@ -1690,7 +1690,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if dt_id and interpret:
         dt_id += 2
     if os.environ.get("DGPS_AUTOTUNE", "") == "1" and not interpret:  # opt-in: tune this shape class first
-        ensure_tuned(sys.modules[__name__], N, TT // N, H, HV, DK, DV, device)
+        ensure_tuned(sys.modules[__name__], N, TT // N, H, HV, DK, DV, device, dt)
     # (the partial-sum blocks below follow the launches' own settings: the same n_state and device)
     nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV, N * HV, device)[0])  # key-channel blocks of the PDN backward
     nkg = triton.cdiv(DK, launch_config("bwd_key_grads", DK, DV, N * HV, device)[0])  # key-channel blocks of the chunk gradients
