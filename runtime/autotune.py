@@ -78,6 +78,7 @@ def shape_class(DK: int, DV: int, n_state: int | None) -> str:
 
 _TABLES: dict[Path, dict] = {}
 _LABELS: dict[Any, str] = {}
+_LOOKUPS: dict[tuple, Config | None] = {}
 
 
 def _read(path: Path) -> dict:
@@ -99,10 +100,13 @@ def tuned_launch(module_file: str, spec_name: str, stage: str, DK: int, DV: int,
     recorded (and DGPS_TUNED is not 0)."""
     if device is None or os.environ.get("DGPS_TUNED", "") == "0":
         return None
-    label = _LABELS.get(device) or _LABELS.setdefault(device, device_label(device))
-    entry = _read(tuned_path(module_file, spec_name, label)).get(shape_class(DK, DV, n_state), {})
-    cfg = entry.get(stage, {}).get("config")
-    return tuple(cfg) if cfg else None  # type: ignore[return-value]
+    key = (module_file, stage, DK, DV, n_state, device)
+    if key not in _LOOKUPS:  # launch_config runs on every call: one dict look-up there after the first (~80 µs)
+        label = _LABELS.get(device) or _LABELS.setdefault(device, device_label(device))
+        entry = _read(tuned_path(module_file, spec_name, label)).get(shape_class(DK, DV, n_state), {})
+        cfg = entry.get(stage, {}).get("config")
+        _LOOKUPS[key] = tuple(cfg) if cfg else None
+    return _LOOKUPS[key]
 
 
 def is_tuned(module_file: str, spec_name: str, DK: int, DV: int, n_state: int | None, device: Any) -> bool:
@@ -120,6 +124,7 @@ def _record(path: Path, cls: str, results: dict[str, dict], meta: dict) -> None:
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
     _TABLES[path] = data
+    _LOOKUPS.clear()
 
 
 # ---- the child: one stage's candidates, each checked and timed ---------------------------------------------------------
