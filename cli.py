@@ -268,6 +268,17 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _shape_arguments(p: argparse.ArgumentParser, defaults: tuple[int, int, int, int, int], what: str = "") -> None:
+    """--B --T --H --HV --dk --dv (`defaults`: B, T, H, dk, dv; HV defaults to H)."""
+    B, T, H, dk, dv = defaults
+    p.add_argument("--B", type=_count, default=B, help=f"{what}batch size")
+    p.add_argument("--T", type=_count, default=T, help=f"{what}tokens per sequence")
+    p.add_argument("--H", type=_count, default=H, help=f"{what}key heads")
+    p.add_argument("--HV", type=_count, default=None, help=f"{what}value heads, a multiple of H (default: H)")
+    p.add_argument("--dk", type=_count, default=dk, help=f"{what}key head size")
+    p.add_argument("--dv", type=_count, default=dv, help=f"{what}value head size")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
@@ -294,12 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="compile and check the kernels against the derived reference",
                        formatter_class=_Help)
     v.add_argument("spec")
-    v.add_argument("--B", type=_count, default=2, help="batch size")
-    v.add_argument("--T", type=_count, default=45, help="tokens per sequence")
-    v.add_argument("--H", type=_count, default=2, help="key heads")
-    v.add_argument("--HV", type=_count, default=None, help="value heads, a multiple of H (default: H)")
-    v.add_argument("--dk", type=_count, default=32, help="key head size")
-    v.add_argument("--dv", type=_count, default=32, help="value head size")
+    _shape_arguments(v, (2, 45, 2, 32, 32))
     v.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="input dtype")
     v.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     v.add_argument("--varlen", action="store_true", help="pack the batch into one sequence with cu_seqlens")
@@ -312,12 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="head sizes dk = dv of the sm_90 kernel report and of the GPU timings")
     r.add_argument("--no-kernels", action="store_true", help="skip the sm_90 compile of every kernel (tens of seconds)")
     r.add_argument("--no-verify", action="store_true", help="skip the verify run (the interpreter takes seconds)")
-    r.add_argument("--B", type=_count, default=2, help="verify: batch size")
-    r.add_argument("--T", type=_count, default=45, help="verify: tokens per sequence")
-    r.add_argument("--H", type=_count, default=2, help="verify: key heads")
-    r.add_argument("--HV", type=_count, default=None, help="verify: value heads, a multiple of H (default: H)")
-    r.add_argument("--dk", type=_count, default=32, help="verify: key head size")
-    r.add_argument("--dv", type=_count, default=32, help="verify: value head size")
+    _shape_arguments(r, (2, 45, 2, 32, 32), "verify: ")
     r.add_argument("--time-shape", type=_count, nargs=3, default=[4, 4096, 16], metavar=("B", "T", "H"),
                    help="GPU only: batch, tokens and key heads of the timings (bf16)")
     f = sub.add_parser("fuzz", help="draw random specs, compile each and check its kernels against its reference",
@@ -331,12 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "results against the table's, record the fastest (used by later calls; DGPS_TUNED=0 ignores)",
                        formatter_class=_Help)
     t.add_argument("spec")
-    t.add_argument("--B", type=_count, default=4, help="batch size")
-    t.add_argument("--T", type=_count, default=4096, help="tokens per sequence")
-    t.add_argument("--H", type=_count, default=16, help="key heads")
-    t.add_argument("--HV", type=_count, default=None, help="value heads, a multiple of H (default: H)")
-    t.add_argument("--dk", type=_count, default=128, help="key head size")
-    t.add_argument("--dv", type=_count, default=128, help="value head size")
+    _shape_arguments(t, (4, 4096, 16, 128, 128))
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="input dtype")
     t.add_argument("--stages", nargs="+", default=None, metavar="STAGE", help="only these stages (default: every "
                    "stage the package launches at this shape; `dgps show --stage plan` lists them)")
