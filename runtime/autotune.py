@@ -15,7 +15,7 @@ The fastest setting per stage is written to DGPS_CACHE_DIR/tuned/<gpu>/<spec>-<d
 module's own text (a regenerated module with other kernels starts untuned) and by the shape class (dk, dv, and
 whether the call has few sequences × value heads: codegen/launch.py, few_state_programs). Generated chunk modules read
 that file in `launch_config`, after DGPS_LAUNCH and before the table; DGPS_TUNED=0 ignores it. With DGPS_AUTOTUNE=1 a
-package's first training-shape call of an untuned class on a GPU runs `tune` at the call's shape first (minutes: every
+package's first call of an untuned shape class on a GPU runs `tune` at the call's shape first (minutes: every
 candidate compiles), then uses the result.
 """
 
@@ -79,6 +79,7 @@ def shape_class(DK: int, DV: int, n_state: int | None) -> str:
 _TABLES: dict[Path, dict] = {}
 _LABELS: dict[Any, str] = {}
 _LOOKUPS: dict[tuple, Config | None] = {}
+_CLASSES: dict[tuple, bool] = {}
 
 
 def _read(path: Path) -> dict:
@@ -102,15 +103,22 @@ def tuned_launch(module_file: str, spec_name: str, stage: str, DK: int, DV: int,
         return None
     key = (module_file, stage, DK, DV, n_state, device)
     if key not in _LOOKUPS:  # launch_config runs on every call: one dict look-up there after the first (~80 µs)
-        label = _LABELS.get(device) or _LABELS.setdefault(device, device_label(device))
-        entry = _read(tuned_path(module_file, spec_name, label)).get(shape_class(DK, DV, n_state), {})
-        cfg = entry.get(stage, {}).get("config")
+        entry = _class_entry(module_file, spec_name, DK, DV, n_state, device)
+        cfg = (entry or {}).get(stage, {}).get("config")
         _LOOKUPS[key] = tuple(cfg) if cfg else None
     return _LOOKUPS[key]
 
 
+def _class_entry(module_file: str, spec_name: str, DK: int, DV: int, n_state: int | None, device: Any) -> dict | None:
+    label = _LABELS.get(device) or _LABELS.setdefault(device, device_label(device))
+    return _read(tuned_path(module_file, spec_name, label)).get(shape_class(DK, DV, n_state))
+
+
 def is_tuned(module_file: str, spec_name: str, DK: int, DV: int, n_state: int | None, device: Any) -> bool:
-    return shape_class(DK, DV, n_state) in _read(tuned_path(module_file, spec_name, device_label(device)))
+    key = (module_file, DK, DV, n_state, device)
+    if not _CLASSES.get(key):  # looked up again until found (a tune in this process records it)
+        _CLASSES[key] = _class_entry(module_file, spec_name, DK, DV, n_state, device) is not None
+    return _CLASSES[key]
 
 
 def _record(path: Path, cls: str, results: dict[str, dict], meta: dict) -> None:
@@ -125,6 +133,7 @@ def _record(path: Path, cls: str, results: dict[str, dict], meta: dict) -> None:
     os.replace(tmp, path)
     _TABLES[path] = data
     _LOOKUPS.clear()
+    _CLASSES.clear()
 
 
 # ---- the child: one stage's candidates, each checked and timed ---------------------------------------------------------

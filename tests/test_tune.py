@@ -84,6 +84,7 @@ def _tune_gdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: A
     monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
     autotune._TABLES.clear()
     autotune._LOOKUPS.clear()
+    autotune._CLASSES.clear()
     pkg = dgps.compile(str(ROOT / "specs" / "gdn.dgps"))
     path, results = autotune.tune(pkg, (1, 64, 1, 32, 32), dtype="float32", device="cpu", log=lambda s: None, **kw)
     return pkg, path, results
@@ -131,6 +132,7 @@ def test_autotune_tunes_a_class_once_at_its_first_call(tmp_path: Path, monkeypat
     monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
     autotune._TABLES.clear()
     autotune._LOOKUPS.clear()
+    autotune._CLASSES.clear()
     mod = dgps.compile(str(ROOT / "specs" / "gdn.dgps")).chunk
     calls = []
 
