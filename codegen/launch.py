@@ -92,6 +92,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     if name == "wy":
         return BK, bv_full, 4, 1
     if name == "output":
+        if precond == "diag" and decay != "vector":
+            # the fp32 k̃ tile (scalar or no decay: the output forms its scores from the keys): at 3 stages 131 KB of
+            # shared memory, one program per SM; at 2 stages 90 KB, two (compile report, pgdn, dk = dv = 128: 255
+            # registers, no spill at either). H100 (`dgps tune pgdn`, run 111): 0.207 → 0.179 ms. The same shared
+            # memory per SM on the H200, not timed there
+            return bk_block, max(16, min(128, _next_pow2(DV))), 4, 2
         return bk_block, max(16, min(128, _next_pow2(DV))), 4, 3
     if name == "state_pass":
         # The state's key rows as 64-row tiles (two; BK = dk / 2 past dk = 128), as FLA's blockdim64 kernels
