@@ -73,10 +73,8 @@ vector decay uses sub-chunk (16-token) reference points (docs/chunk_forms.md §3
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 import sympy as sp
@@ -104,6 +102,7 @@ from .address import ROWS, partial_row, row_offset
 from .buffers import allocation_code, backward_buffers, kept_buffers, make_code, token_buffers
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
+from .jinja_env import template_env
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -111,7 +110,6 @@ BT = 64  # chunk size
 BC = 16  # sub-chunk size (triangular solve blocks, vector-decay reference points)
 RCP_LN2 = 1.4426950408889634
 
-_TEMPLATES = Path(__file__).parent / "templates"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -618,18 +616,8 @@ def fresh_load(code: str) -> str:
     return code.replace("other=0.)", "other=0., eviction_policy='evict_first')")
 
 
-@functools.cache  # one Environment: jinja compiles each template once
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["fresh_load"] = fresh_load
-    return env
+    return template_env(filters=(("fresh_load", fresh_load),))
 
 
 @dataclass(frozen=True)

@@ -16,25 +16,14 @@ from functools import cache
 from pathlib import Path
 from typing import Protocol
 
-import jinja2
 import triton
 
 from .._version import __version__ as DGPS_VERSION
 from ..compiler.ir import IR
 from .chunk import render_chunk, supports_chunk, supports_chunk_backward
+from .jinja_env import template_env
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
-
-
-@cache
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader(__package__, "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=False,
-        lstrip_blocks=False,
-    )
 
 
 def spec_hash(source: str) -> str:
@@ -103,7 +92,7 @@ def render_package(rec: Spec, module_name: str | None = None) -> dict[str, str]:
         "route": ir.route,
     }
     files["metadata.json"] = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-    files["__init__.py"] = _env().get_template("package_init.jinja").render(
+    files["__init__.py"] = template_env(trim=False).get_template("package_init.jinja").render(
         name=ir.name,
         module_name=module_name or ir.name,
         dgps_version=DGPS_VERSION,

@@ -29,14 +29,14 @@ with the same rules as the reference and needs no spec at import time.
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
+from collections.abc import Callable
 
-import jinja2
 import sympy as sp
 
 from ..compiler import ir as _irmod
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .ir_source import ir_source
+from .jinja_env import template_env
 from .triton_expr import triton_expr
 
 # Square statistics (P, C) live in registers as [BK, BK] fp32 tiles: fine up to dk = 128.
@@ -48,16 +48,6 @@ MAX_DK = 256
 class RecurrentCodegenError(NotImplementedError):
     """The IR uses something the recurrent kernel generator does not handle."""
 
-
-@cache
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader(__package__, "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
 
 
 # --- kernel context ---------------------------------------------------------------------------------
@@ -89,21 +79,24 @@ class _Load:
         return f"{self.reg} = tl.load({self.address()}{mask}).to(tl.float32)"
 
 
+def register_names(ir: IR) -> dict[str, str]:
+    """The kernels' register of each symbol an IR expression may name: inputs, k̃, the PDN statistic, the head."""
+    return {**{d.name: f"b_{d.name}" for d in ir.inputs}, KTILDE.name: "d_kt", STAT.name: "st_A",
+            HEAD_INDEX.name: "f_hv"}
+
+
+def register_shapes(ir: IR) -> dict[str, str]:
+    """The shape of each of those registers: k (a key-channel vector), v (value-channel) or s (scalar)."""
+    return {**{d.name: {"key": "k", "value": "v"}.get(d.vector or "", "s") for d in ir.inputs},
+            KTILDE.name: "k", STAT.name: "k", HEAD_INDEX.name: "s"}
+
+
 class _Builder:
     """Turns IR expressions into register assignments, tracking shapes and loop invariance."""
 
     def __init__(self, ir: IR) -> None:
         self.ir = ir
-        self.names: dict[str, str] = {d.name: f"b_{d.name}" for d in ir.inputs}
-        self.names[KTILDE.name] = "d_kt"
-        self.names[STAT.name] = "st_A"
-        self.names[HEAD_INDEX.name] = "f_hv"
-        self.shapes: dict[str, str] = {}
-        for d in ir.inputs:
-            self.shapes[d.name] = {"key": "k", "value": "v"}.get(d.vector or "", "s")
-        self.shapes[KTILDE.name] = "k"
-        self.shapes[STAT.name] = "k"
-        self.shapes[HEAD_INDEX.name] = "s"
+        self.names, self.shapes = register_names(ir), register_shapes(ir)
         self.per_token = {d.name for d in ir.inputs if not d.is_param} | {KTILDE.name, STAT.name}
         # registers whose padded key lanes (dk < BK) are exactly 0: masked loads, k̃ and A
         self.zero_padded = {d.name for d in ir.inputs} | {KTILDE.name, STAT.name}
@@ -140,30 +133,35 @@ class _Builder:
         return text
 
 
-def _check(ir: IR) -> None:
-    if ir.decay.kind not in ("none", "scalar", "vector", "const"):
-        raise RecurrentCodegenError(f"{ir.name}: decay kind {ir.decay.kind!r}")
-    if ir.precond.kind not in ("none", "diag", "exact"):
-        raise RecurrentCodegenError(f"{ir.name}: preconditioner kind {ir.precond.kind!r}")
-    if ir.precond.kind != "none" and ir.precond.placement not in ("write_key", "query"):
-        raise RecurrentCodegenError(f"{ir.name}: preconditioner placement {ir.precond.placement!r}")
-    if ir.solve.kind not in ("additive", "delta", "dplr"):
-        raise RecurrentCodegenError(f"{ir.name}: solve family {ir.solve.kind!r}")
-    if ir.solve.erase_reads not in ("decayed", "undecayed"):
-        raise RecurrentCodegenError(f"{ir.name}: erase reads {ir.solve.erase_reads!r}")
-    if ir.read.kind not in ("none", "curvature"):
-        raise RecurrentCodegenError(f"{ir.name}: read correction {ir.read.kind!r}")
-    if ir.route not in ("none", "value", "residual"):
-        raise RecurrentCodegenError(f"{ir.name}: route {ir.route!r}")
+# What the recurrent generators (forward and backward) handle: (what, the IR's value, the values handled), a rule
+# applying only where its value is not None. A fuzzed or hand-lowered IR outside them gets the generator's error class.
+SUPPORTED: tuple[tuple[str, Callable[[IR], object], tuple[object, ...]], ...] = (
+    ("decay kind", lambda ir: ir.decay.kind, ("none", "scalar", "vector", "const")),
+    ("preconditioner kind", lambda ir: ir.precond.kind, ("none", "diag", "exact")),
+    ("preconditioner placement", lambda ir: ir.precond.placement if ir.precond.kind != "none" else None,
+     ("write_key", "query")),
+    ("solve family", lambda ir: ir.solve.kind, ("additive", "delta", "dplr")),
+    ("erase reads", lambda ir: ir.solve.erase_reads, ("decayed", "undecayed")),
+    ("read correction", lambda ir: ir.read.kind, ("none", "curvature")),
+    ("route", lambda ir: ir.route, ("none", "value", "residual")),
+)
+
+
+def check_supported(ir: IR, error: type[Exception]) -> None:
+    """Raise `error` (one line, naming the spec) where `ir` is outside SUPPORTED or its structure cannot be emitted."""
+    for what, value_of, handled in SUPPORTED:
+        value = value_of(ir)
+        if value is not None and value not in handled:
+            raise error(f"{ir.name}: {what} {value!r}")
     if ir.route == "residual" and ir.solve.erase_key is None:
-        raise RecurrentCodegenError(f"{ir.name}: a residual route needs an erase key (delta family)")
+        raise error(f"{ir.name}: a residual route needs an erase key (delta family)")
     if not ir.name.isidentifier():
-        raise RecurrentCodegenError(f"{ir.name!r} is not a Python identifier")
+        raise error(f"{ir.name!r} is not a Python identifier")
 
 
 def _context(spec_ir: IR) -> dict[str, object]:
     ir = kernel_ir(spec_ir)  # reductions become derived per-token inputs of the kernel
-    _check(ir)
+    check_supported(ir, RecurrentCodegenError)
     b = _Builder(ir)
     e, f, vp, w = ir.solve.canonical()
     s = ir.structure if ir.structure is not None else _irmod.analyse(ir)
@@ -328,4 +326,4 @@ def _context(spec_ir: IR) -> dict[str, object]:
 
 def render_recurrent(ir: IR) -> str:
     """The full source of the recurrent module for `ir` (deterministic)."""
-    return _env().get_template("recurrent.jinja").render(**_context(ir))
+    return template_env().get_template("recurrent.jinja").render(**_context(ir))

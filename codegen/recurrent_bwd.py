@@ -22,35 +22,23 @@ their value-head group, params over batch and time). No atomics.
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 
-import jinja2
 import sympy as sp
 
 from ..compiler import ir as _irmod
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .ir_source import ir_source
+from .jinja_env import template_env
+from .recurrent import MAX_DK, MAX_DK_MATRIX_STATE, check_supported, register_names, register_shapes
 from .triton_expr_bwd import triton_expr_bwd
 
-MAX_DK = 256
-MAX_DK_MATRIX_STATE = 128  # exact P and curvature C live as [BK, BK] fp32 register tiles
 DEFAULT_CHECK = 64
 
 
 class RecurrentBackwardCodegenError(NotImplementedError):
     """The IR uses something the recurrent backward generator does not handle."""
 
-
-@cache
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader(__package__, "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
 
 
 # --- the IR as Python source (the module checks its inputs with the same rules as the reference) ---------
@@ -67,12 +55,7 @@ class _Part:
 class _Builder:
     def __init__(self, ir: IR) -> None:
         self.ir = ir
-        self.names: dict[str, str] = {d.name: f"b_{d.name}" for d in ir.inputs}
-        self.names[KTILDE.name] = "d_kt"
-        self.names[STAT.name] = "st_A"
-        self.names[HEAD_INDEX.name] = "f_hv"
-        self.shapes: dict[str, str] = {d.name: {"key": "k", "value": "v"}.get(d.vector or "", "s") for d in ir.inputs}
-        self.shapes.update({KTILDE.name: "k", STAT.name: "k", HEAD_INDEX.name: "s"})
+        self.names, self.shapes = register_names(ir), register_shapes(ir)
         self.used: set[str] = set()
 
     def shape(self, expr: sp.Expr) -> str:
@@ -122,26 +105,9 @@ def _reduce(term: str, have: str, want: str) -> str:
 
 
 def _check(ir: IR) -> None:
-    if ir.decay.kind not in ("none", "scalar", "vector", "const"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: decay kind {ir.decay.kind!r}")
-    if ir.precond.kind not in ("none", "diag", "exact"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: preconditioner kind {ir.precond.kind!r}")
-    if ir.precond.kind != "none" and ir.precond.placement not in ("write_key", "query"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: preconditioner placement {ir.precond.placement!r}")
-    if ir.solve.kind not in ("additive", "delta", "dplr"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: solve family {ir.solve.kind!r}")
-    if ir.solve.erase_reads not in ("decayed", "undecayed"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: erase reads {ir.solve.erase_reads!r}")
-    if ir.read.kind not in ("none", "curvature"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: read correction {ir.read.kind!r}")
+    check_supported(ir, RecurrentBackwardCodegenError)
     if ir.read.kind == "curvature" and ir.precond.kind != "none" and ir.precond.placement == "query":
         raise RecurrentBackwardCodegenError(f"{ir.name}: a curvature read together with a query preconditioner")
-    if ir.route not in ("none", "value", "residual"):
-        raise RecurrentBackwardCodegenError(f"{ir.name}: route {ir.route!r}")
-    if ir.route == "residual" and ir.solve.erase_key is None:
-        raise RecurrentBackwardCodegenError(f"{ir.name}: a residual route needs an erase key (delta family)")
-    if not ir.name.isidentifier():
-        raise RecurrentBackwardCodegenError(f"{ir.name!r} is not a Python identifier")
 
 
 def _context(spec_ir: IR) -> dict[str, object]:
@@ -339,4 +305,4 @@ def _context(spec_ir: IR) -> dict[str, object]:
 
 def render_recurrent_backward(ir: IR) -> str:
     """The full source of the recurrent backward module for `ir` (deterministic)."""
-    return _env().get_template("recurrent_bwd.jinja").render(**_context(ir))
+    return template_env().get_template("recurrent_bwd.jinja").render(**_context(ir))
