@@ -372,6 +372,9 @@ def main() -> int:
                     "source_hash": source_hash(),
                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "fla": None, "shape": [B, T, H, D], "repetitions": args.reps, "fla_guard_lifted": True,
+                    # the shipped launch table (DGPS_TUNED=0, as benchmarks/device_env.sh sets), or settings a `dgps
+                    # tune` recorded for this GPU where present (runtime/autotune.py)
+                    "launch_settings": "table" if os.environ.get("DGPS_TUNED", "") == "0" else "tuned where recorded",
                     "systems": {}, "flashqla": {}, "variants_fwdbwd_ms": {}, "cold_start_s": {}, "profiles": {}}
     if args.merge and args.json and Path(args.json).exists():
         old = json.loads(Path(args.json).read_text())
