@@ -20,18 +20,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_backward import kernel_times  # noqa: E402
 from bench_fla import interleaved  # noqa: E402
 
 
 def _kernel_times(step, reps: int = 3) -> dict[str, float]:  # noqa: ANN001
-    from torch.profiler import ProfilerActivity, profile
-
-    rounds: list[dict[str, float]] = []
-    for _ in range(reps):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
-        rounds.append({e.key: e.self_device_time_total / 1e3 for e in prof.key_averages() if "_kernel" in e.key})
+    """bench_backward.kernel_times (the profiler's CUDA time per kernel over one call), median of `reps` calls."""
+    rounds = [kernel_times(step) for _ in range(reps)]
     return {k: round(statistics.median(r.get(k, 0.0) for r in rounds), 4) for k in rounds[0]}
 
 

@@ -49,6 +49,7 @@ class TuneError(Exception):
     """A tuning request that cannot run: one line, naming what is wrong."""
 
 
+@cache  # launch_config's look-ups ask for it on every call
 def device_label(device: Any) -> str:
     """A file-name-safe name of the device a call runs on: the GPU's name, or `cpu` (the Triton interpreter)."""
     import torch
@@ -77,7 +78,6 @@ def shape_class(DK: int, DV: int, n_state: int | None) -> str:
 
 
 _TABLES: dict[Path, dict] = {}
-_LABELS: dict[Any, str] = {}
 _LOOKUPS: dict[tuple, Config | None] = {}
 _CLASSES: dict[tuple, bool] = {}
 
@@ -110,8 +110,7 @@ def tuned_launch(module_file: str, spec_name: str, stage: str, DK: int, DV: int,
 
 
 def _class_entry(module_file: str, spec_name: str, DK: int, DV: int, n_state: int | None, device: Any) -> dict | None:
-    label = _LABELS.get(device) or _LABELS.setdefault(device, device_label(device))
-    return _read(tuned_path(module_file, spec_name, label)).get(shape_class(DK, DV, n_state))
+    return _read(tuned_path(module_file, spec_name, device_label(device))).get(shape_class(DK, DV, n_state))
 
 
 def is_tuned(module_file: str, spec_name: str, DK: int, DV: int, n_state: int | None, device: Any) -> bool:
@@ -143,12 +142,12 @@ def _relative_difference(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def launched_stages(mod: Any, n_state: int, DV: int, device: Any) -> list[str]:
-    """The stages a chunk module launches in one training step of a call with `n_state` sequences × value heads:
-    the forward (with the output fused into the state pass or not: the host's _per_call), the backward's rerun of
-    the state pass, the backward."""
+def stage_kernels(mod: Any, n_state: int, DV: int, device: Any) -> dict[str, str]:
+    """stage -> kernel name, for the stages a chunk module launches in one training step of a call with `n_state`
+    sequences × value heads: the forward (with the output fused into the state pass or not: the host's _per_call),
+    the backward's rerun of the state pass, the backward; in launch order."""
     fwd = mod._per_call(mod._kernels(), n_state, DV, device) if hasattr(mod, "_per_call") else mod._kernels()
-    return list(dict.fromkeys(name for name, _, _ in fwd + mod._rerun_kernels(True) + mod._bwd_kernels()))
+    return {name: k.__name__ for name, k, _ in fwd + mod._rerun_kernels(True) + mod._bwd_kernels()}
 
 
 def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name: str, device_name: str,
@@ -171,8 +170,7 @@ def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name:
                       on_device=device.type == "cuda")
     x = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in x.items()}
     gen = torch.Generator(device="cpu").manual_seed(1)
-    o_shape = pkg.forward(**x).o.shape
-    do = torch.randn(o_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    do = torch.randn(B, T, HV, DV, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)  # o's shape
 
     def step() -> list:
         for t in x.values():
@@ -181,14 +179,12 @@ def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name:
         out.o.backward(do)
         return [out.o.detach()] + [t.grad for t in x.values() if t.grad is not None]
 
-    kernels = {name: k.__name__ for name, k, _ in mod._kernels() + mod._bwd_kernels() + mod._rerun_kernels(True)
-               + (mod._unfused_kernels() if hasattr(mod, "_unfused_kernels") else [])}
-    if stage not in launched_stages(mod, B * HV, DV, device):
+    kernel = stage_kernels(mod, B * HV, DV, device).get(stage)
+    if kernel is None:
         print(json.dumps({"stage": stage, "skip": f"{mod.NAME} launches no stage {stage} at this shape"}), flush=True)
         return
-    kernel = kernels[stage]
     saved = dict(mod.LAUNCH_OVERRIDES)
-    mod.LAUNCH_OVERRIDES.pop(stage, None)
+    # the reference: the setting the parent calls the table's (the launch table, or DGPS_LAUNCH where it names the stage)
     reference = [t.clone() for t in step()]
     # the reference ran: a child that dies after this line died of a candidate, not of the stage or the package
     print(json.dumps({"stage": stage, "ready": True}), flush=True)
@@ -289,15 +285,14 @@ def tune(pkg: Any, shape: Sequence[int], *, HV: int | None = None, dtype: str = 
     B, T, H, DK, DV = shape
     HV = HV or H
     dev = torch.device(device)
-    launched = launched_stages(mod, B * HV, DV, dev)
-    todo_stages = [s for s in (stages or launched) if s in launched]
+    launched = list(stage_kernels(mod, B * HV, DV, dev))
     unknown = [s for s in (stages or []) if s not in launched]
     if unknown:
         raise TuneError(f"{pkg.__name__}: stage(s) {', '.join(unknown)} not launched; its stages: {', '.join(launched)}")
     package_dir = str(Path(mod.__file__).resolve().parent)
     path = tuned_path(mod.__file__, mod.NAME, device_label(dev))
     results: dict[str, dict] = {}
-    for stage in todo_stages:
+    for stage in stages or launched:
         table = mod.launch_config(stage, DK, DV, B * HV)  # the table's (or DGPS_LAUNCH's) setting: the reference
         cands = [table] + [c for c in (configs or tuning_candidates(stage, DK, DV)) if tuple(c) != tuple(table)]
         rows, faults = _run_children(package_dir, stage, (B, T, H, HV, DK, DV), dtype, device,

@@ -73,7 +73,7 @@ def test_a_stage_that_fails_whatever_the_candidate_stops() -> None:
 def test_every_launched_stage_has_candidates_its_kernel_takes(spec: str) -> None:
     mod = dgps.compile(str(ROOT / "specs" / f"{spec}.dgps")).chunk
     for n_state in (1, 64):
-        for stage in autotune.launched_stages(mod, n_state, 128, torch.device("cuda")):
+        for stage in autotune.stage_kernels(mod, n_state, 128, torch.device("cuda")):
             cands = tuning_candidates(stage, 128, 128)
             assert len(cands) >= 2, (spec, stage)
             for c in cands:
