@@ -99,7 +99,16 @@ from ..compiler.plan import (
     value_side_once,
 )
 from .address import ROWS, partial_row, row_offset
-from .buffers import allocation_code, backward_buffers, kept_buffers, make_code, token_buffers
+from .buffers import (
+    STATE_BUFFER_OF,
+    allocation_code,
+    backward_buffers,
+    kept_buffers,
+    kept_states,
+    kept_states_bytes,
+    make_code,
+    token_buffers,
+)
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .jinja_env import template_env
@@ -425,6 +434,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
+                kept_states=[STATE_BUFFER_OF[o.name] for o in kept_states(plan)],
+                kept_states_bytes=kept_states_bytes(plan),
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 tied_keys=tied_keys_of(plan),
                 # where bwd_grads' score pairs come from: its hook file (chunk_bwd_pairs_<source>.jinja)
@@ -759,7 +770,7 @@ def _context(ir: IR) -> dict:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
         ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
-                   bwd_kept_buffers=[], cp_backward_launches=[],
+                   bwd_kept_buffers=[], kept_states=[], kept_states_bytes=0, cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART},
                    tied_keys=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",
                    intra_diag=None, INTRA_RANGE_LOG2=None,

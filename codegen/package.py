@@ -20,7 +20,9 @@ import triton
 
 from .._version import __version__ as DGPS_VERSION
 from ..compiler.ir import IR
-from .chunk import render_chunk, supports_chunk, supports_chunk_backward
+from ..compiler.plan import build_plan
+from .buffers import kept_states_bytes
+from .chunk import BC, BT, render_chunk, supports_chunk, supports_chunk_backward
 from .jinja_env import template_env
 from .recurrent import render_recurrent
 from .recurrent_bwd import render_recurrent_backward
@@ -100,6 +102,7 @@ def render_package(rec: Spec, module_name: str | None = None) -> dict[str, str]:
         forward_reason=f"No chunk form emitted: {chunk_why}",
         has_chunk=chunk_ok,
         has_chunk_backward=bwd_ok,
+        kept_states_bytes=kept_states_bytes(build_plan(ir, BT, BC)) if bwd_ok else 0,
         backward_path="chunked" if bwd_ok else "recurrent",
         backward_reason=f"No chunked backward emitted: {bwd_why}",
         input_names=repr(tuple(names)),

@@ -1441,8 +1441,13 @@ def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> st
     big = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and o.dims[-2:] in (("dk", "dv"), ("dk", "dk"))]
     if big:
         o = big[0]
-        return (f"its per-chunk {o.name} ({bytes_per_token(o)} B, {'×'.join(o.dims[-2:])} per chunk and head) would "
-                "outweigh any per-token buffer: rerun for the reverse passes")
+        why = (f"its per-chunk {o.name} ({bytes_per_token(o)} B, {'×'.join(o.dims[-2:])} per chunk and head) would "
+               "outweigh any per-token buffer: rerun for the reverse passes")
+        if sts[0].kind == "state_pass":  # the call's choice, as FLA's disable_recompute (codegen/buffers.py)
+            held = [x for x in sts[0].outputs if x.name in ("Hn", "U")]
+            why += (f"; a call's keep_states=True keeps {' and '.join(x.name for x in held)} instead "
+                    f"({sum(bytes_per_token(x) for x in held)} B), one launch less")
+        return why
     feeds = [i for st in sts for i in st.inputs
              if (q := p.producer(i)) is not None and q.kind in rerun and q.out(i).dims[:2] == ("B", "NT")]
     if feeds:

@@ -35,8 +35,11 @@ Options and how they are treated:
   simple GLA's `g_gamma` (added to `g` as a per-head log decay); PGDN/PKDA's `x`, `eps`, `log_atk_scale`.
 * honoured (arguments of the call): `scale`, `initial_state`, `initial_A_state`, `output_final_state`,
   `cu_seqlens`; `state_v_first` / `transpose_state_layout` (states transposed to and from `[N, HV, V, K]`).
+* honoured (memory for speed): `disable_recompute=True` (chunk_kda, chunk_gdn2, chunk_precond_kda,
+  chunk_dplr_delta_rule) keeps the state pass's per-chunk states H_n and U from the forward for the backward, which
+  then runs no state pass again (the package's `forward(..., keep_states=True)`; not with context parallelism).
 * accepted, no effect (scheduling, memory or precision hints that do not change the math): `cu_seqlens_cpu`,
-  `chunk_indices`, `chunk_size`, `disable_recompute`, `solve_tril_precision`, `max_num_seqs` (FLA reads it only
+  `chunk_indices`, `chunk_size`, `solve_tril_precision`, `max_num_seqs` (FLA reads it only
   with `use_graph`), `safe_gate` (FLA's M=16 kernel path for gates in `[lower_bound, 0)`; FLA's validation of
   `lower_bound` is kept).
 * context parallelism: `chunk_gated_delta_rule` and `chunk_kda` take FLA's `cp_context` (what
@@ -214,7 +217,7 @@ def _state_in(fn: str, name: str, x: Any, v_first: bool) -> torch.Tensor | None:
 
 def _run(fn: str, spec: str, inputs: Mapping[str, torch.Tensor | None], *, q: torch.Tensor,
          initial: Mapping[str, torch.Tensor | None], output_final_state: bool, cu_seqlens: torch.Tensor | None,
-         scale: float | None, v_first: bool, cp: tuple[Any, Any] | None = None,
+         scale: float | None, v_first: bool, cp: tuple[Any, Any] | None = None, keep_states: bool = False,
          ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
     pkg = compiled(spec)
     states = {n: s for n, s in initial.items() if s is not None}
@@ -223,8 +226,11 @@ def _run(fn: str, spec: str, inputs: Mapping[str, torch.Tensor | None], *, q: to
         cu_seqlens, cp = cp[1].cu_seqlens, None
     if cp is None:
         out = pkg.forward(**given, initial_state=states or None, output_final_state=output_final_state,
-                          cu_seqlens=cu_seqlens, scale=scale)
+                          cu_seqlens=cu_seqlens, scale=scale, keep_states=keep_states)
     else:
+        if keep_states:
+            raise NotImplementedError(f"{fn}: `disable_recompute=True` with context parallelism (the context-parallel "
+                                      "backward reruns its state passes)")
         from dgps.runtime import cp as cp_mod
 
         group, context = cp
@@ -500,8 +506,9 @@ def chunk_kda(
     `dt_bias [HV * K]` (g = −exp(A_log)·softplus(g + dt_bias)) and, with `lower_bound`, FLA's bounded gate
     `lower_bound·sigmoid(exp(A_log)·(g + dt_bias))` (A_log optional there); `use_beta_sigmoid_in_kernel`,
     `allow_neg_eigval`; `state_v_first` (or kwarg `transpose_state_layout`). No effect on the math:
-    `safe_gate` (FLA's checks on `lower_bound` are kept), `disable_recompute`, `cu_seqlens_cpu`,
-    `max_num_seqs`, kwarg `chunk_size`; `lower_bound` without `use_gate_in_kernel` is ignored, as in FLA.
+    `safe_gate` (FLA's checks on `lower_bound` are kept), `cu_seqlens_cpu`, `max_num_seqs`, kwarg `chunk_size`;
+    `lower_bound` without `use_gate_in_kernel` is ignored, as in FLA. `disable_recompute=True`: H_n and U kept for
+    the backward (keep_states), as FLA's.
     NotImplementedError: `return_intermediate_states=True`, `cp_context`, `use_graph=True`.
     Returns `(o, final_state or None)`.
     """
@@ -520,7 +527,7 @@ def chunk_kda(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g, "beta": beta, **gx}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=v_first, cp=_cp(fn, cp_context, kw))
+                    v_first=v_first, cp=_cp(fn, cp_context, kw), keep_states=bool(disable_recompute))
     return o, (final["S"] if final is not None else None)
 
 
@@ -547,13 +554,14 @@ def chunk_dplr_delta_rule(
     (h = Sᵀ layout [K, V]; the erase a reads the undecayed state), a, b, gk `[B, T, H, K]`, v `[B, T, H, V]`.
 
     Runs the untied DPLR spec `decay vector(gk)`, `solve dplr(e = a, f = b, reads = undecayed)` on dgps's chunk
-    kernels (docs/chunk_forms.md §2b). No effect on the math: `safe_gate`, `chunk_size`, `disable_recompute`,
-    `cu_seqlens_cpu`; `lower_bound` is checked as FLA does (negative). NotImplementedError: `cp_context`.
+    kernels (docs/chunk_forms.md §2b). No effect on the math: `safe_gate`, `chunk_size`, `cu_seqlens_cpu`;
+    `lower_bound` is checked as FLA does (negative). `disable_recompute=True`: H_n and U kept for the backward
+    (keep_states). NotImplementedError: `cp_context`.
     Returns `(o, final_state or None)`.
     """
     fn = "chunk_dplr_delta_rule"
     kw = _kwargs(fn, kwargs, ())
-    del kw, safe_gate, chunk_size, disable_recompute, cu_seqlens_cpu
+    del kw, safe_gate, chunk_size, cu_seqlens_cpu
     _no_cp(fn, cp_context)
     if lower_bound is not None and lower_bound >= 0:
         raise ValueError(f"{fn}: `lower_bound` must be negative (gk is a log-decay < 0), got {lower_bound}")
@@ -568,7 +576,7 @@ def chunk_dplr_delta_rule(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "a": a, "b": b, "gk": gk}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, False)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=False, cp=_cp(fn, None, kwargs))
+                    v_first=False, cp=_cp(fn, None, kwargs), keep_states=bool(disable_recompute))
     return o, (final["S"] if final is not None else None)
 
 
@@ -597,9 +605,9 @@ def chunk_gdn2(
     """Gated DeltaNet-2: `h_t = (I − k_t (b_t⊙k_t)ᵀ) Diag(exp(g_t)) h_{t-1} + k_t (w_t⊙v_t)ᵀ`.
 
     `g, b: [B, T, HV, K]`, `w: [B, T, HV, V]` (FLA requires HV == H). Options as in `chunk_kda` (gate in
-    kernel with kwargs `A_log [HV]`, `dt_bias [HV * K]`, `lower_bound`; `safe_gate`, `disable_recompute`,
-    `cu_seqlens_cpu`, kwarg `chunk_size` have no effect on the math; `return_intermediate_states=True` and
-    `cp_context` raise NotImplementedError). Returns `(o, final_state or None)`.
+    kernel with kwargs `A_log [HV]`, `dt_bias [HV * K]`, `lower_bound`; `safe_gate`, `cu_seqlens_cpu`, kwarg
+    `chunk_size` have no effect on the math; `disable_recompute=True` keeps H_n and U for the backward;
+    `return_intermediate_states=True` and `cp_context` raise NotImplementedError). Returns `(o, final_state or None)`.
     """
     fn = "chunk_gdn2"
     kw = _kwargs(fn, kwargs, ("A_log", "dt_bias", "chunk_size", "transpose_state_layout"))
@@ -616,7 +624,7 @@ def chunk_gdn2(
     o, final = _run(fn, spec, {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, **gx}, q=q,
                     initial={"S": _state_in(fn, "initial_state", initial_state, v_first)},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=v_first, cp=_cp(fn, None, kwargs))
+                    v_first=v_first, cp=_cp(fn, None, kwargs), keep_states=bool(disable_recompute))
     return o, (final["S"] if final is not None else None)
 
 
@@ -727,8 +735,9 @@ def chunk_precond_kda(
     Honoured: `use_gate_in_kernel` with kwargs `A_log [HV]`, optional `dt_bias [HV * K]` and `lower_bound`
     (as in `chunk_kda`), `x`, `eps`, `log_atk_scale [H]`, `initial_A_state [N, H, K]`,
     `transpose_state_layout`. No effect on the math: `safe_gate` (FLA's checks kept), `cu_seqlens_cpu`,
-    `chunk_indices`, `solve_tril_precision`, `disable_recompute`, kwarg `chunk_size`. NotImplementedError:
-    `cp_context`, `return_intermediate_states=True`. Returns `(o, final_state, final_A_state)`.
+    `chunk_indices`, `solve_tril_precision`, kwarg `chunk_size`. `disable_recompute=True`: H_n and U kept for
+    the backward. NotImplementedError: `cp_context`, `return_intermediate_states=True`.
+    Returns `(o, final_state, final_A_state)`.
     """
     fn = "chunk_precond_kda"
     kw = _kwargs(fn, kwargs, ("A_log", "dt_bias", "chunk_size"))
@@ -749,7 +758,8 @@ def chunk_precond_kda(
                     initial={"S": _state_in(fn, "initial_state", initial_state, transpose_state_layout),
                              "A": initial_A_state},
                     output_final_state=output_final_state, cu_seqlens=_cu(cu_seqlens, q, fn), scale=scale,
-                    v_first=bool(transpose_state_layout), cp=_cp(fn, None, kwargs))
+                    v_first=bool(transpose_state_layout), cp=_cp(fn, None, kwargs),
+                    keep_states=bool(disable_recompute))
     if final is None:
         return o, None, None
     return o, final["S"], final["A"]

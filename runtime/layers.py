@@ -130,8 +130,14 @@ class DGPSLayer(nn.Module):
                  head_v_dim: int, num_v_heads: int | None = None, use_short_conv: bool = True, conv_size: int = 4,
                  use_output_gate: bool = True, norm_eps: float = 1e-5, layer_idx: int | None = None,
                  gate_low_rank_dim: int | None = None, qk_norm: bool | None = None, backend: str = "kernel",
-                 decode_max_len: int = 64, cp_group: Any = None) -> None:
+                 decode_max_len: int = 64, cp_group: Any = None, keep_states: bool = False) -> None:
         super().__init__()
+        if keep_states and cp_group is not None:
+            raise ValueError("DGPSLayer: keep_states and cp_group together: the context-parallel backward reruns its "
+                             "state passes")
+        # keep_states (FLA's disable_recompute): a training step keeps the state pass's H_n and U for the backward
+        # instead of running that pass again there (the package's forward(keep_states=...))
+        self.keep_states = keep_states
         # context parallelism (dgps.runtime.cp): each rank's forward takes its contiguous slice of the tokens (with
         # the global pack's cu_seqlens); decoding never shards (set cp_group = None on a model used for generation)
         self.cp_group = cp_group
@@ -337,7 +343,8 @@ class DGPSLayer(nn.Module):
             out.final_state = state
             return out
         return self.pkg.forward(**{n: t.contiguous() for n, t in x.items()}, initial_state=state,
-                                output_final_state=use_cache, cu_seqlens=cu_seqlens, cp_group=self.cp_group)
+                                output_final_state=use_cache, cu_seqlens=cu_seqlens, cp_group=self.cp_group,
+                                keep_states=self.keep_states)
 
     def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 past_state: dict[str, Any] | None = None, use_cache: bool = False,

@@ -291,6 +291,36 @@ def test_kda_gva():
           x)
 
 
+def test_kda_disable_recompute_keeps_the_states(monkeypatch: pytest.MonkeyPatch):
+    """disable_recompute=True: the same numbers against FLA's naive, and the backward launches no state pass (the
+    forward kept H_n and U, as FLA's does)."""
+    B, H = 1, 2
+    x = dict(q=randn(B, T, H, D, seed=81), k=unit_keys(B, T, H, D, seed=82), v=randn(B, T, H, D, seed=83),
+             g=log_gate(B, T, H, D, seed=84), beta=unit(B, T, H, seed=85),
+             initial_state=randn(B, H, D, D, seed=86, scale=0.5))
+    launched: list[str] = []
+    chunk = impl.compiled(impl._spec("fla_kda", "FLA chunk_kda", ["input q, k : key", "input v : value",
+                                                                 "input g : key_channel log_gate",
+                                                                 "input beta : token unit"], [], False,
+                                     ["decay vector(g)", "gain beta", "solve delta"])).chunk
+    launch = chunk._Run.launch
+
+    def record(self, kernels):  # noqa: ANN001, ANN202
+        launched.extend(k[0] for k in kernels)
+        return launch(self, kernels)
+
+    monkeypatch.setattr(chunk._Run, "launch", record)
+    naive = _naive("kda").naive_recurrent_kda
+    check(lambda: fc.chunk_kda(**x, output_final_state=True, disable_recompute=True),
+          lambda: naive(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True),
+          x)
+    assert launched.count("state_pass") == 1, launched  # the forward's; the default backward runs it again
+    launched.clear()
+    out, _ = fc.chunk_kda(**x, output_final_state=True)
+    out.sum().backward()
+    assert launched.count("state_pass") == 2, launched
+
+
 def test_kda_lower_bound_gate_l2norm_beta_sigmoid_varlen():
     H, cu = 2, [0, 9, T]
     x = dict(q=randn(1, T, H, D, seed=81), k=randn(1, T, H, D, seed=82), v=randn(1, T, H, D, seed=83),

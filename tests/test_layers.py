@@ -63,12 +63,13 @@ def _grads(layer: DGPSLayer, h: torch.Tensor, cler_in: torch.Tensor | None, w: t
 LAYER_SPECS = ["gdn", "kda", "pgdn", "ccq_gdn", "clvr_gdn", "cler_h_gdn", "gla", "gdn2"]
 
 
-@pytest.mark.parametrize("name", LAYER_SPECS)
-def test_layer_kernel_matches_reference(name: str) -> None:
+# keep_states (the backward runs no state pass again) with the fused state pass + output and with per-channel decay
+@pytest.mark.parametrize(("name", "keep_states"), [(n, False) for n in LAYER_SPECS] + [("gdn", True), ("kda", True)])
+def test_layer_kernel_matches_reference(name: str, keep_states: bool) -> None:
     torch.manual_seed(0)
     B, T, d, H, dk, dv = 2, 16, 32, 2, 16, 16
     HV = 4 if name == "pgdn" else 2  # grouped value heads with per-key-head PDN gates
-    layer = DGPSLayer(SPECS / f"{name}.dgps", d, H, dk, dv, num_v_heads=HV)
+    layer = DGPSLayer(SPECS / f"{name}.dgps", d, H, dk, dv, num_v_heads=HV, keep_states=keep_states)
     h = torch.randn(B, T, d, requires_grad=True)
     w = torch.randn(B, T, d)
     cler_in = torch.randn(B, T, HV, dv, requires_grad=True) if layer.route == "residual" else None

@@ -122,6 +122,23 @@ def test_launches_are_the_plan(name: str) -> None:
         assert bufs["r_buf"].numel() > 1 and bbufs["r_buf"].numel() == 1
     # without what the forward kept, the backward reruns the whole forward plan but the output
     assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
+    # keep_states (FLA's disable_recompute): the training forward runs the state pass in a launch of its own, which
+    # stores H_n and U, and keeps both; the backward then reruns what it reruns otherwise but the state pass
+    unfused = [k for w in want for k in (["chunk_state_pass_kernel", "chunk_output_kernel"]
+                                         if w == "chunk_state_output_kernel" else [w])]
+    sbufs: dict = {}
+    assert _launched(mod, lambda: mod.chunk_forward_train(x, keep_states=True), sbufs) == unfused
+    stores_u = "U" in plan.stage("state_pass").output_names
+    assert set(mod._KEPT_STATES) == ({"h_buf", "vn_buf"} if stores_u else {"h_buf"})
+    _, kept_s = mod.chunk_forward_train(x, keep_states=True)
+    assert len(kept_s) == len(mod._KEPT_BUFFERS) + len(mod._KEPT_STATES)
+    assert [t.shape for t in kept_s[len(mod._KEPT_BUFFERS):]] == [sbufs[n].shape for n in mod._KEPT_STATES]
+    kept_states = kept_s[len(mod._KEPT_BUFFERS):]
+    sbbufs: dict = {}
+    assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept_s), sbbufs) == \
+        [k for k in rerun if k != "chunk_state_pass_kernel"] + bwd
+    # the backward reads the forward's own
+    assert all(sbbufs[n] is t for n, t in zip(mod._KEPT_STATES, kept_states, strict=True))
 
 
 # the host buffers of forward stages the backward reruns (the kept ones: codegen.buffers.kept_buffers)

@@ -28,6 +28,32 @@ def test_torch_compile_fullgraph_forward_and_backward() -> None:
     assert all(torch.isfinite(comp_x[n].grad).all() for n in x)
 
 
+def test_torch_compile_keep_states() -> None:
+    """keep_states through the custom ops: the gradients are the eager default's, and the fake kept list (kept_like:
+    H_n sized by the chunk count's bound) is what the real forward returns, sequences of uneven length included."""
+    from dgps.generated import gdn
+
+    x = gdn.RECURRENCE.random_inputs(2, 75, 2, 16, 16, dtype=torch.float32, seed=3)
+
+    def loss(keep_states, q, k, v, g, beta):  # noqa: ANN001, ANN202
+        out = gdn.forward(q=q, k=k, v=v, g=g, beta=beta, output_final_state=True, keep_states=keep_states)
+        return (out.o * out.o).sum() + out.final_state["S"].sum()
+
+    compiled = torch.compile(lambda **kw: loss(True, **kw), fullgraph=True, backend="aot_eager")
+    eager_x = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    comp_x = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    loss(False, **eager_x).backward()
+    compiled(**comp_x).backward()
+    for name in x:
+        torch.testing.assert_close(comp_x[name].grad, eager_x[name].grad)
+    packed = {n: t.reshape(1, 150, *t.shape[2:]) for n, t in x.items()}
+    cu = torch.tensor([0, 70, 150], dtype=torch.int64)
+    real = gdn._forward_op(*(packed[n] for n in gdn.INPUTS), torch.zeros(2, 2, 16, 16), cu, 0.25, True, True)
+    assert len(real) == gdn._N_OUT + len(gdn.chunk._KEPT_BUFFERS) + len(gdn.chunk._KEPT_STATES)
+    fake = gdn.chunk.kept_like(1, 150, 2, 2, 16, 16, torch.float32, "cpu", N=2, states=True)
+    assert [(t.shape, t.dtype) for t in real[gdn._N_OUT:]] == [(t.shape, t.dtype) for t in fake]
+
+
 def test_custom_op_fake_shapes_match_real() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -50,7 +76,7 @@ def test_custom_op_backward_builds_no_gradients_for_kept_buffers() -> None:
 
     x = gdn.RECURRENCE.random_inputs(1, 70, 2, 16, 16, dtype=torch.float32, seed=0)
     tensors = [x[n].clone().requires_grad_(True) for n in gdn.INPUTS]
-    outs = gdn._forward_op(*tensors, torch.zeros(1, 2, 16, 16), None, 0.25, True)
+    outs = gdn._forward_op(*tensors, torch.zeros(1, 2, 16, 16), None, 0.25, True, False)
     kept = outs[gdn._N_OUT:]
     assert kept, "a training forward of gdn keeps buffers for the backward"
 

@@ -1485,14 +1485,16 @@ def _kernels():
     ]
 
 
-def _rerun_kernels(kept):
+def _rerun_kernels(kept, states=False):
     """(name, kernel, grid kind) of the forward stages the backward reruns: those whose buffers the forward did not
     keep, or every stage but the output when it kept nothing. Each runs alone, so a state pass stores H_n and U
-    for the backward stages (the forward's may have the output fused in, and store neither)."""
+    for the backward stages (the forward's may have the output fused in, and store neither). `states`: the forward
+    kept H_n and U too (keep_states), so no state pass runs again."""
     if kept:
-        return [
+        rerun = [
             ("state_pass", chunk_state_pass_kernel, "state_keys"),
         ]
+        return [k for k in rerun if not (states and k[0] == "state_pass")]
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
@@ -1505,6 +1507,14 @@ def _rerun_kernels(kept):
 
 # the per-token buffers the training forward keeps for the backward plan
 _KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "s_buf", "kg_buf", "qg_buf"]
+# what a training forward with keep_states adds to them (FLA's disable_recompute): the state pass's H_n and, where
+# the plan's state pass outputs it, U, so that the backward reruns no state pass
+_KEPT_STATES = ["h_buf"]
+
+
+def _states_kept(kept):
+    """Whether a kept list (chunk_forward_train's) holds the state pass's outputs too."""
+    return kept is not None and len(kept) > len(_KEPT_BUFFERS)
 
 
 def _next_pow2(x):
@@ -1663,19 +1673,35 @@ def _curvature_sums(NT, N, H, DK):
     return b
 
 
-def kept_like(B, T, H, HV, DK, DV, dt, device, N=None):
+def _state_buffers(TT, N, HV, DK, DV, dt):
+    """name -> (numel, dtype) of the state pass's outputs a keep_states forward keeps: H_n sized by the chunk count's
+    bound TT / BT + N (as kept_like sees it), U per token."""
+    b = {"h_buf": ((triton.cdiv(TT, BT) + N) * HV * DK * DV, dt), "vn_buf": (TT * HV * DV, dt)}
+    return {n: b[n] for n in _KEPT_STATES}
+
+
+def kept_like(B, T, H, HV, DK, DV, dt, device, N=None, states=False):
     """Empty tensors shaped like what chunk_forward_train keeps for the backward (the custom op's fake); N: the
-    number of sequences (B without cu_seqlens)."""
+    number of sequences (B without cu_seqlens); states: as chunk_forward_train(keep_states=True) keeps them."""
     HP = H if False else HV
-    sizes = _token_buffers(B * T, B if N is None else N, H, HV, HP, DK, DV, dt, True)
-    return [torch.empty(sizes[n][0], dtype=sizes[n][1], device=device) for n in _KEPT_BUFFERS]
+    N = B if N is None else N
+    sizes = _token_buffers(B * T, N, H, HV, HP, DK, DV, dt, True)
+    if states:
+        sizes.update(_state_buffers(B * T, N, HV, DK, DV, dt))
+    return [torch.empty(sizes[n][0], dtype=sizes[n][1], device=device)
+            for n in _KEPT_BUFFERS + (_KEPT_STATES if states else [])]
 
 
-def chunk_forward_train(inputs, *, initial_state=None, cu_seqlens=None, scale=None):
+def chunk_forward_train(inputs, *, initial_state=None, cu_seqlens=None, scale=None, keep_states=False):
     """The forward of a training step: chunk_forward's result (final states included) and the per-token buffers
-    the backward plan keeps (_KEPT_BUFFERS), to be passed back as chunk_backward(..., kept=...)."""
-    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, kernels=_kernels())
-    return out, [run.bufs[n] for n in _KEPT_BUFFERS]
+    the backward plan keeps (_KEPT_BUFFERS), to be passed back as chunk_backward(..., kept=...).
+
+    keep_states (FLA's disable_recompute): keep the state pass's H_n and U as well (512 B more per
+    token and value head at dk = dv = 128, bf16), so that the backward runs no state pass again."""
+    kernels = _kernels()
+    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, kernels=kernels,
+                        keep_states=keep_states)
+    return out, [run.bufs[n] for n in _KEPT_BUFFERS + (_KEPT_STATES if keep_states else [])]
 
 
 _TAKES = {}
@@ -1689,15 +1715,18 @@ def _takes(kernels):
     return _TAKES[key]
 
 
-def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None):
-    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept, per_call=True)
+def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, keep_states=False):
+    run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept, per_call=True,
+                   keep_states=keep_states)
     run.launch(run.kernels)
     return _result(run), run
 
 
-def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False):
+def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False,
+             keep_states=False):
     """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
-    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call)."""
+    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call).
+    `keep_states`: H_n and U sized to be kept (_state_buffers)."""
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1729,7 +1758,8 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     bufs = dict.fromkeys(_BUFFERS, dummy)
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
-    kept = dict(zip(_KEPT_BUFFERS, kept, strict=True)) if kept is not None else {}
+    names = _KEPT_BUFFERS + (_KEPT_STATES if _states_kept(kept) else [])
+    kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
     for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     bufs["c0"], bufs["m0"], bufs["n0"] = st["C"], st["m"], st["n"]
@@ -1742,6 +1772,10 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if "vn_buf" in takes:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
+    if keep_states:  # to be kept: sized as kept_like sizes them
+        bufs.update({n: torch.empty(numel, dtype=dtype, device=device)
+                     for n, (numel, dtype) in _state_buffers(TT, N, HV, DK, DV, dt).items()})
+    bufs.update({n: kept[n] for n in _KEPT_STATES if n in kept})  # a keep_states forward's, for its backward
     # the curvature sums at every chunk's start, for curvature_query (the backward forms them again where it reads
     # them: bwd_curvature_sums); C_n of every other chunk is 134 MB at the reference shape
     if "cn_buf" in takes:
@@ -2075,8 +2109,8 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
 
 def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks):
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
-    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True, kernels=_rerun_kernels(kept is not None),
-                        kept=kept)
+    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True,
+                        kernels=_rerun_kernels(kept is not None, _states_kept(kept)), kept=kept)
     if isinstance(kept, list):
         kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims

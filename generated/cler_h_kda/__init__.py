@@ -48,10 +48,12 @@ def _inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
 
 
 def _run_forward(inputs: dict[str, torch.Tensor], states: dict[str, torch.Tensor], cu_seqlens: torch.Tensor | None,
-                 scale: float | None, keep: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
-    """The forward and (keep: a training step) the per-token buffers the chunked backward reuses."""
+                 scale: float | None, keep: bool, keep_states: bool) -> tuple[RecurrenceOutput, list[torch.Tensor]]:
+    """The forward and (keep: a training step) the per-token buffers the chunked backward reuses (keep_states: the
+    state pass's H_n and U too)."""
     if keep:
-        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale)
+        return chunk.chunk_forward_train(inputs, initial_state=states, cu_seqlens=cu_seqlens, scale=scale,
+                                         keep_states=keep_states)
     return chunk.chunk_forward(inputs, initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
                                scale=scale), []
 
@@ -61,9 +63,10 @@ def _forward_impl(
     cu_seqlens: torch.Tensor | None,
     scale: float,
     keep: bool,
+    keep_states: bool,
 ) -> list[torch.Tensor]:
     """o, the final states, the route (if any) and (keep) the buffers the backward reuses, as one flat list."""
-    out, kept = _run_forward({"q": q, "k": k, "v": v, "g": g, "beta": beta}, {"S": state_S}, cu_seqlens, scale, keep)
+    out, kept = _run_forward({"q": q, "k": k, "v": v, "g": g, "beta": beta}, {"S": state_S}, cu_seqlens, scale, keep, keep_states)
     outs = [out.o] + [out.final_state[s] for s in STATES]
     if ROUTE != "none":
         route = out.route
@@ -101,8 +104,9 @@ def _forward_op(
     cu_seqlens: torch.Tensor | None,
     scale: float,
     keep: bool,
+    keep_states: bool,
 ) -> list[torch.Tensor]:
-    return _forward_impl(q, k, v, g, beta, state_S, cu_seqlens, scale, keep)
+    return _forward_impl(q, k, v, g, beta, state_S, cu_seqlens, scale, keep, keep_states)
 
 
 @_forward_op.register_fake
@@ -111,6 +115,7 @@ def _(
     cu_seqlens: torch.Tensor | None,
     scale: float,
     keep: bool,
+    keep_states: bool,
 ) -> list[torch.Tensor]:
     outs = [q.new_empty((*v.shape[:3], v.shape[3]))] + [torch.empty_like(s) for s in (state_S,)]
     if ROUTE != "none":
@@ -118,7 +123,7 @@ def _(
     if keep:
         B, T, H, DK = q.shape
         N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device, N)
+        outs += chunk.kept_like(B, T, H, v.shape[2], DK, v.shape[3], q.dtype, q.device, N, states=keep_states)
     return outs
 
 
@@ -149,7 +154,7 @@ def _(
 
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
-    *tensors, cu_seqlens, scale, keep = inputs
+    *tensors, cu_seqlens, scale, keep, keep_states = inputs
     kept = list(output[_N_OUT:])  # the per-token buffers the forward kept for the chunked backward
     ctx.mark_non_differentiable(*kept)
     ctx.save_for_backward(*tensors, *kept)
@@ -166,7 +171,7 @@ def _backward(ctx, grads):  # noqa: ANN001, ANN202 - torch.library's signature
     likes = _output_likes(tensors)
     grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:len(likes)], likes, strict=True)]
     out = _backward_op(*tensors, grads, kept, ctx.cu_seqlens, ctx.scale)
-    return (*out, None, None, None)
+    return (*out, None, None, None, None)
 
 
 def _output_likes(tensors) -> list[torch.Tensor]:  # noqa: ANN001
@@ -192,8 +197,8 @@ class _Eager(torch.autograd.Function):
     """The eager training path: _forward_impl and _backward_impl under a plain autograd.Function."""
 
     @staticmethod
-    def forward(ctx, cu_seqlens, scale, keep, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
-        outs = _forward_impl(*tensors, cu_seqlens, scale, keep)
+    def forward(ctx, cu_seqlens, scale, keep, keep_states, *tensors):  # noqa: ANN001, ANN205 - autograd's signature
+        outs = _forward_impl(*tensors, cu_seqlens, scale, keep, keep_states)
         kept = outs[_N_OUT:]
         ctx.mark_non_differentiable(*kept)
         # The kept buffers go to the backward in a list it consumes (chunk_backward frees each after its last reader:
@@ -216,7 +221,7 @@ class _Eager(torch.autograd.Function):
         d_states = {s: g for s, g in zip(STATES, grads[1:1 + len(STATES)], strict=True) if g is not None}
         d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
         g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale)
-        return (None, None, None, *(g_in[n] for n in INPUTS), *(g_state.get(s) for s in STATES))
+        return (None, None, None, None, *(g_in[n] for n in INPUTS), *(g_state.get(s) for s in STATES))
 
 
 def forward(
@@ -227,13 +232,20 @@ def forward(
     cu_seqlens: torch.Tensor | None = None,
     scale: float | None = None,
     cp_group: Any = None,
+    keep_states: bool = False,
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
     Differentiable with respect to every input, param and initial state (chunked backward kernels).
     `cp_group` (a torch.distributed group): context parallelism, this rank's contiguous slice of the tokens with
     the global pack's `cu_seqlens` (dgps.runtime.cp; docs/context_parallel.md).
+    `keep_states` (FLA's disable_recompute): a training step keeps the state pass's per-chunk states H_n and U for
+    the backward instead of running the state pass again there: one launch less per step for 768 B more
+    per token and value head (dk = dv = 128, bf16) held from the forward to the backward. Not with `cp_group`.
     """
+    if cp_group is not None and keep_states:
+        raise dgps.TensorError("cler_h_kda.forward: keep_states is not supported with cp_group (the context-parallel "
+                               "backward reruns its state passes)")
     if cp_group is not None:
         from dgps.runtime.cp import cp_forward
 
@@ -254,11 +266,11 @@ def forward(
     keep = True and needs_grad
     try:
         if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):  # traced: the custom ops
-            outs = _forward_op(*tensors, cu_seqlens, float(scale), keep)
+            outs = _forward_op(*tensors, cu_seqlens, float(scale), keep, keep_states and keep)
         elif needs_grad:
-            outs = _Eager.apply(cu_seqlens, float(scale), keep, *tensors)
+            outs = _Eager.apply(cu_seqlens, float(scale), keep, keep_states and keep, *tensors)
         else:  # nothing to differentiate: no autograd node at all
-            outs = _forward_impl(*tensors, cu_seqlens, float(scale), keep)
+            outs = _forward_impl(*tensors, cu_seqlens, float(scale), keep, False)
     except (RuntimeError, ValueError):
         # Triton's own failure for CPU tensors without the interpreter ("0 active drivers", "cpu tensor?")
         if x["q"].device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
