@@ -15,7 +15,6 @@ state pass, which keep_states runs as two launches).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -32,8 +31,12 @@ def keeping(fn: Callable, impl) -> Callable:  # noqa: ANN001 - dgps.runtime.fla_
     """`fn` with every package forward it reaches called with keep_states=True."""
     run = impl._run
 
+    def forced(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - _run's own
+        # over the call's own keep_states too (chunk_kda passes disable_recompute's, False by default)
+        return run(*args, **{**kwargs, "keep_states": True})
+
     def call(x: dict[str, torch.Tensor]) -> torch.Tensor:
-        impl._run = functools.partial(run, keep_states=True)
+        impl._run = forced
         try:
             return fn(x)
         finally:
