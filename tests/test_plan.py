@@ -145,6 +145,9 @@ def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
     assert launch_of(p.stage("output")) == ("state_pass" if fused else "output")
     output_line = next(line for line in format_plan(p).splitlines() if line.split()[:2] == ["output", "output"])
     assert ("fused=state_pass" in output_line) == fused
+    # the backward reruns the state pass alone (it stores H_n and U for the backward stages)
+    bp = build_backward_plan(p)
+    assert bp is None or ("state_pass" in bp.recomputed and "output" not in bp.recomputed)
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -171,9 +174,6 @@ def test_wy_runs_in_the_state_passes(name):
     reads = dict(bp.stages[[s.kind for s in bp.stages].index("bwd_state_pass")].attributes)["reads"]
     assert ("triangular_solve.Tm" in reads, "wy.W" in reads) == (want, not want)
     assert any(stored(p, wy, o, bp.reads()) for o in wy.outputs) == (not want)
-    # the backward reruns the state pass alone (it stores H_n and U for the backward stages)
-    bp = build_backward_plan(p)
-    assert bp is None or ("state_pass" in bp.recomputed and "output" not in bp.recomputed)
 
 
 def test_gdn_kda_same_shape_different_decay():
