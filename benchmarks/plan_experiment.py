@@ -67,6 +67,8 @@ def main() -> int:
     p.add_argument("--check-shape", nargs=4, type=int, default=[2, 300, 2, 128], metavar=("B", "T", "H", "D"))
     p.add_argument("--device", default="cuda", help="cpu: the checks alone, under TRITON_INTERPRET=1")
     p.add_argument("--json")
+    p.add_argument("--keep-states", action="store_true",
+                   help="also time each side's training step with keep_states=True (side '<name> keep')")
     a = p.parse_args()
     import dgps.compiler.plan as plan
 
@@ -97,11 +99,15 @@ def main() -> int:
             fwds[key] = lambda pkg=pkg, x=x: pkg.forward(**x).o
             steps[key] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx).o, x, do)
             steps[key]()
+            if a.keep_states:
+                steps[f"{key} keep"] = fwd_bwd(lambda xx, pkg=pkg: pkg.forward(**xx, keep_states=True).o, x, do)
+                steps[f"{key} keep"]()
         row["fwd_ms"] = interleaved(fwds, a.reps)
         row["fwdbwd_ms"] = interleaved(steps, a.reps)
         row["kernels"] = {k: kernel_times(s) for k, s in steps.items()}
-        for key in recs:
-            print(f"{key:<28} fwd {row['fwd_ms'][key]:.3f} ms  fwd+bwd {row['fwdbwd_ms'][key]:.3f} ms  kernel sum "
+        for key in steps:
+            fwd = f"fwd {row['fwd_ms'][key]:.3f} ms  " if key in row["fwd_ms"] else ""
+            print(f"{key:<28} {fwd}fwd+bwd {row['fwdbwd_ms'][key]:.3f} ms  kernel sum "
                   f"{sum(row['kernels'][key].values()):.3f}  {json.dumps(row['kernels'][key])}", flush=True)
         if a.json:
             Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
