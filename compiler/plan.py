@@ -636,14 +636,25 @@ def _wy_in_state_pass(b: _Builder) -> bool:
     """Whether the WY form runs inside the state passes (FlashQLA's fused forward): each state program forms
     U = Ũ − W H_n = T (β ⊙ (Z − (E ⊙ e^B) H_n)) from the solve's T and the chunk's erase keys and values, and the
     reverse pass Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), so W and Ũ are never stored: no wy launch, 512 B per token and head
-    less (dk = dv = 128, bf16) held for the backward and read by both state passes, for one c×c product per chunk in
-    each state program (the T loaded, 8 KB in bf16, where W was 16 KB).
+    less (dk = dv = 128, bf16) held for the backward (gdn: 1156 → 644 B), for one c×c product per chunk in each state
+    program (the T loaded, 8 KB in bf16, where W was 16 KB).
 
-    The tied family with a scalar or no decay on inclusive erase rows: per-channel decay would load the fp32 decay
-    tile of every key block as well (its state pass reads A ⊙ e^{b_c − B} from decay_keys instead of the gates);
-    the residual route stores (T − I) Z for its own rounding (residual_solve); an exclusive erase row
-    (e^{b_{t−1}}) is left to the wy launch."""
-    return b.family == "tied" and b.s.decay != "vector" and not residual_solve(b) and not b.op("bx")
+    The extra product is on the state passes' loop-carried path (H_n → E H_n → T x → U → H_{n+1}): the standalone
+    state pass pays for it (H100, gdn, B 4 T 4096 H 16 D 128 bf16, run 115: 0.144 → 0.208 ms, the fused forward kernel
+    0.231 → 0.265, bwd_state 0.300 → 0.310, against wy's 0.110). Measured in one process (run 116, `benchmarks/
+    plan_experiment.py --patch wy_launch --keep-states`, H100, same shape), the wy launch → this form: gdn forward
+    0.549 → 0.476 ms, training step 2.057 → 2.051, with keep_states 1.977 → 1.934; deltanet forward 0.410 → 0.318,
+    step 1.549 → 1.526, with keep_states 1.510 → 1.457. Errors against float64 unchanged (bf16, run 115 and the
+    interpreter, four seeds).
+
+    So: the tied family with a scalar or no decay on inclusive erase rows and plain operands. Not under a
+    preconditioner (pgdn's state pass loads the fp32 k̃ beside the erase key kn: step 3.211 → 3.451 ms, the state pass
+    0.176 → 0.31 per call, run 115), nor under the curvature read (ccq_gdn's reverse pass spilled 80 B at dk = 128:
+    step 3.921 → 3.985). Per-channel decay would load the fp32 decay tile of every key block as well (its state pass
+    reads A ⊙ e^{b_c − B} from decay_keys instead of the gates); the residual route stores (T − I) Z for its own
+    rounding (residual_solve); an exclusive erase row (e^{b_{t−1}}) is left to the wy launch."""
+    plain = b.s.precond == "none" and b.s.read == "none"
+    return b.family == "tied" and b.s.decay != "vector" and plain and not residual_solve(b) and not b.op("bx")
 
 
 def wy_in_state_pass(p: Plan) -> bool:

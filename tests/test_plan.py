@@ -152,9 +152,10 @@ def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
 
 @pytest.mark.parametrize("name", SPECS)
 def test_wy_runs_in_the_state_passes(name):
-    """The tied family with a scalar or no decay on inclusive erase rows and no residual route forms the WY form in its
-    state passes (compiler/plan.py: wy_in_state_pass): W and Ũ are never stored, the reverse pass reads the solve's T
-    instead of W, and no launch computes wy alone; elsewhere wy is a launch of its own whose W the reverse pass reads."""
+    """The tied family with a scalar or no decay on inclusive erase rows, plain operands and no residual route forms
+    the WY form in its state passes (compiler/plan.py: wy_in_state_pass): W and Ũ are never stored, the reverse pass
+    reads the solve's T instead of W, and no launch computes wy alone; elsewhere wy is a launch of its own whose W
+    the reverse pass reads."""
     from dgps.codegen.chunk import forward_launches
     from dgps.compiler.plan import build_backward_plan, launch_of, stored, wy_in_state_pass
 
@@ -163,8 +164,9 @@ def test_wy_runs_in_the_state_passes(name):
         assert not wy_in_state_pass(p)
         return
     wy = p.find("wy")[0]
+    plain = p.structure.precond == "none" and p.structure.read == "none"
     want = p.family == "tied" and p.structure.decay != "vector" and p.structure.route != "residual" and \
-        wy.attr("row_decay") == "inclusive"
+        wy.attr("row_decay") == "inclusive" and plain
     assert wy_in_state_pass(p) == want, name
     assert launch_of(wy) == ("state_pass" if want else "wy")
     assert ("wy" in [la.name for la in forward_launches(p)]) == (not want)

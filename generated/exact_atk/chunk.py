@@ -416,12 +416,51 @@ def chunk_interaction_kernel(
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai3_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _round(ai3_3, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
 
+# ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
+@triton.jit
+def chunk_wy_kernel(
+    p_k, p_v, t_buf, w_buf, u_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + 1.0, 0.)
+    b_eg = b_beta
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = _b_e_k
+        b_e = b_e * b_eg[:, None]
+        b_w = _mm(b_T, b_e, DT_ID)
+        tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_k[None, :])
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = _b_z_v
+        b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
+        tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_v[None, :])
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
-#   store H_n;  U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) (= Ũ − W H_n, the WY form in this launch);  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
+#   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_k, p_v, kt_buf, t_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
+    kt_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -470,25 +509,20 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             o_k = o_kb
             m_k = o_k < DK
@@ -526,25 +560,20 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
             o_k = o_kb
             m_k = o_k < DK
@@ -657,11 +686,11 @@ def chunk_bwd_local_values_kernel(
     tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU) (= Wᵀ dU: the WY form in this launch)
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    p_q, p_k, kt_buf, t_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
+    p_q, kt_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -721,19 +750,14 @@ def chunk_bwd_state_kernel(
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             # dH_n, per key block
-            # Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), W = T (β ⊙ E ⊙ e^B) never stored (compiler/plan.py: wy_in_state_pass): the
-            # c×c product once per chunk, its rows scaled once, then one product per key block with the erase keys
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_tdu = _mm(tl.trans(b_T), b_du, DT_ID)
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
             b_qf = b_q
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_dh0 = b_dh0 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -742,9 +766,8 @@ def chunk_bwd_state_kernel(
                 b_q = _b_q_q
                 b_qf = b_q
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-                _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_dh1 = b_dh1 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
             i_tc -= 1
@@ -780,19 +803,14 @@ def chunk_bwd_state_kernel(
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             # dH_n, per key block
-            # Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), W = T (β ⊙ E ⊙ e^B) never stored (compiler/plan.py: wy_in_state_pass): the
-            # c×c product once per chunk, its rows scaled once, then one product per key block with the erase keys
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_tdu = _mm(tl.trans(b_T), b_du, DT_ID)
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(p_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_q = _b_q_q
             b_qf = b_q
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_dh0 = b_dh0 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -801,9 +819,8 @@ def chunk_bwd_state_kernel(
                 b_q = _b_q_q
                 b_qf = b_q
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-                _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_dh1 = b_dh1 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
     o_k = o_kb
@@ -1138,10 +1155,11 @@ _KERNEL_ARGS = {
     'chunk_precond_gram_kernel': ('p_k', 'gn_buf', 'p0', 'p_out', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK'),
     'chunk_precond_exact_kernel': ('p_k', 'kt_buf', 'gn_buf', 'cu_seqlens', 'chunk_indices', 'H', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_k', 'kt_buf', 't_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_state_pass_kernel': ('p_k', 'p_v', 'kt_buf', 't_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_wy_kernel': ('p_k', 'p_v', 't_buf', 'w_buf', 'u_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_pass_kernel': ('kt_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_q', 'kt_buf', 'h_buf', 'vn_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('p_q', 'kt_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('p_q', 'p_k', 'kt_buf', 't_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('p_q', 'kt_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_k', 'kt_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'az_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_q', 'p_k', 'kt_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'ae_buf', 'aa_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_exact_kernel': ('p_k', 'aa_buf', 'gn_buf', 'akx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
@@ -1157,6 +1175,7 @@ def _kernels():
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1178,12 +1197,13 @@ def _rerun_kernels(kept, states=False):
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["t_buf"]
+_KEPT_BUFFERS = ["t_buf", "w_buf", "u_buf"]
 # what a training forward with keep_states adds to them (FLA's disable_recompute): the state pass's H_n and, where
 # the plan's state pass outputs it, U, so that the backward reruns no state pass
 _KEPT_STATES = ["vn_buf", "h_buf"]
@@ -1332,6 +1352,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b = {}
     b["kt_buf"] = (TT * H * DK, f32)  # precond_exact.kw
     b["t_buf"] = (TT * HV * BT, dt)  # triangular_solve.Tm
+    b["w_buf"] = (TT * HV * DK, dt)  # wy.W
+    b["u_buf"] = (TT * HV * DV, dt)  # wy.Ut
     return b
 
 
@@ -1492,6 +1514,7 @@ def _cp_kernels():
             ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
             ("precond_exact", chunk_precond_exact_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
         ],
