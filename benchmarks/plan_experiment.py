@@ -34,17 +34,7 @@ def _fuse_output(plan) -> Callable:  # noqa: ANN001
     return rule
 
 
-def _wy_launch(plan) -> Callable:  # noqa: ANN001
-    """W and Ũ from a wy launch of their own, stored and read by both state passes: the form before
-    compiler/plan.py's wy_in_state_pass (the WY form inside the state passes)."""
-    shipped = plan._wy_in_state_pass
-
-    def rule(b) -> bool:  # noqa: ANN001
-        return False if b.ir.name.endswith("__wy_launch") else shipped(b)
-    return rule
-
-
-PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output), "wy_launch": ("_wy_in_state_pass", _wy_launch)}
+PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output)}
 
 
 def renamed(text: str, name: str, suffix: str) -> str:

@@ -97,7 +97,6 @@ from ..compiler.plan import (
     stored_adjoints,
     tied_keys_of,
     value_side_once,
-    wy_in_state_pass,
 )
 from .address import ROWS, partial_row, row_offset
 from .buffers import (
@@ -716,9 +715,6 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
-        # the WY form inside the state passes (compiler/plan.py: wy_in_state_pass): U = T (β ⊙ (Z − (E ⊙ e^B) H_n))
-        # forward, Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU) in the reverse pass; no W or Ũ buffers
-        wy_fused=wy_in_state_pass(plan),
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),

@@ -625,42 +625,10 @@ def rule_wy(b: _Builder) -> None:
     row = "exclusive" if b.op("bx") else "inclusive"
     if b.family == "tied":
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
-              row_decay=row, form="W = T(E*e^B), Ut = T Z",
-              fused="state_pass" if _wy_in_state_pass(b) else None)
+              row_decay=row, form="W = T(E*e^B), Ut = T Z")
     else:
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
-
-
-def _wy_in_state_pass(b: _Builder) -> bool:
-    """Whether the WY form runs inside the state passes (FlashQLA's fused forward): each state program forms
-    U = Ũ − W H_n = T (β ⊙ (Z − (E ⊙ e^B) H_n)) from the solve's T and the chunk's erase keys and values, and the
-    reverse pass Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), so W and Ũ are never stored: no wy launch, 512 B per token and head
-    less (dk = dv = 128, bf16) held for the backward (gdn: 1156 → 644 B), for one c×c product per chunk in each state
-    program (the T loaded, 8 KB in bf16, where W was 16 KB).
-
-    The extra product is on the state passes' loop-carried path (H_n → E H_n → T x → U → H_{n+1}): the standalone
-    state pass pays for it (H100, gdn, B 4 T 4096 H 16 D 128 bf16, run 115: 0.144 → 0.208 ms, the fused forward kernel
-    0.231 → 0.265, bwd_state 0.300 → 0.310, against wy's 0.110). Measured in one process (run 116, `benchmarks/
-    plan_experiment.py --patch wy_launch --keep-states`, H100, same shape), the wy launch → this form: gdn forward
-    0.549 → 0.476 ms, training step 2.057 → 2.051, with keep_states 1.977 → 1.934; deltanet forward 0.410 → 0.318,
-    step 1.549 → 1.526, with keep_states 1.510 → 1.457. Errors against float64 unchanged (bf16, run 115 and the
-    interpreter, four seeds).
-
-    So: the tied family with a scalar or no decay on inclusive erase rows and plain operands. Not under a
-    preconditioner (pgdn's state pass loads the fp32 k̃ beside the erase key kn: step 3.211 → 3.451 ms, the state pass
-    0.176 → 0.31 per call, run 115), nor under the curvature read (ccq_gdn's reverse pass spilled 80 B at dk = 128:
-    step 3.921 → 3.985). Per-channel decay would load the fp32 decay tile of every key block as well (its state pass
-    reads A ⊙ e^{b_c − B} from decay_keys instead of the gates); the residual route stores (T − I) Z for its own
-    rounding (residual_solve); an exclusive erase row (e^{b_{t−1}}) is left to the wy launch."""
-    plain = b.s.precond == "none" and b.s.read == "none"
-    return b.family == "tied" and b.s.decay != "vector" and plain and not residual_solve(b) and not b.op("bx")
-
-
-def wy_in_state_pass(p: Plan) -> bool:
-    """The plan's decision (rule_wy): the WY form inside the state passes, no W or Ũ stored."""
-    wy = p.find("wy")
-    return bool(wy) and wy[0].attr("fused") == "state_pass"
 
 
 def rule_decay_keys(b: _Builder) -> None:
@@ -718,9 +686,7 @@ def rule_state_pass(b: _Builder) -> None:
           keys_decayed=bool(b.op("Kg")) or None, route=b.s.route, sequential="chunks",
           key_blocks="split when alone" if split else None,
           form=("" if b.family == "additive" else
-                "R = Ut - W H_n (the route r; stored for U), U = beta R; " if residual_solve(b) else
-                "U = T (beta (Z - (E e^B) H_n)) (the WY form in the launch); " if _wy_in_state_pass(b) else
-                "U = Ut - W H_n; ") +
+                "R = Ut - W H_n (the route r; stored for U), U = beta R; " if residual_solve(b) else "U = Ut - W H_n; ") +
           "H_(n+1) = e^(b_c) H_n + sum " +
           ("Kg^T V" if b.op("Kg") else "(K e^(b_c-B))^T V"))
     b.outputs["S"] = b.op("S_final")  # type: ignore[assignment]
@@ -961,14 +927,11 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
     if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
-    # the WY form inside the state passes (wy_in_state_pass): Wᵀ dU from T and the erase keys
-    wy_reads = ("triangular_solve.Tm",) if wy_in_state_pass(p) else ("wy.W",)
-    reads = ("state_pass.Hn",) + (wy_reads if p.family != "additive" else ()) + \
+    reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
         ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) if kg else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
-        (" - W^T (beta dU + dR)" if residual_solve(p) else " - (beta E e^B)^T (T^T dU)" if wy_in_state_pass(p) else
-         " - W^T dU" if p.family != "additive" else "")
+        (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
                  (("form", form), ("reads", reads), ("sequential", "chunks, reversed")))
 
@@ -1464,16 +1427,14 @@ def stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     accumulated inside its consumer's scan (the statistic's decay cumsum); not the exclusive cumsum b_(t-1) (the
     kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
     no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_solve re-forms
-    a scalar-decay L' from the keys), nor one formed inside the launch of its every consumer (the WY form inside the
-    state passes: wy_in_state_pass); not a final state (a result)."""
+    a scalar-decay L' from the keys); not a final state (a result)."""
     if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused")) or o.dims[0] == "N":
         return False
     if st.kind == "chunk_cumsum" and o is not st.outputs[0]:
         return False
     consumers = [c for c in p.stages() if o.name in c.inputs]
     in_launch = consumers and all(c.attr("fused") == st.kind for c in consumers)
-    hosted = consumers and st.attr("fused") is not None and all(launch_of(c) == st.attr("fused") for c in consumers)
-    return not ((in_launch or hosted) and f"{st.kind}.{o.name}" not in read)
+    return not (in_launch and f"{st.kind}.{o.name}" not in read)
 
 
 def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str | None:
@@ -1505,9 +1466,7 @@ def _kept(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> str:
     cost = RECOMPUTE_COST[kind]
     if not any(stored(p, st, o, read) for st in sts for o in st.outputs):
         again = (f": bwd_solve re-forms {sts[0].outputs[0].name} from the keys (one masked product per chunk)"
-                 if kind == "interaction" else
-                 f": formed inside the {sts[0].attr('fused')} launches, forward and reverse"
-                 if sts[0].attr("fused") not in (None, "loads") else "")
+                 if kind == "interaction" else "")
         return f"{cost}, not rerun; nothing of it is stored{again}"
     carries = [o for st in sts for o in st.outputs if o.dims[:2] == ("B", "NT") and len(o.dims) == 4]
     if carries and kind == "precond_diag":

@@ -71,13 +71,9 @@ def test_backward_frees_each_buffer_after_its_last_reader(name: str) -> None:
     assert kept == []  # consumed: the backward owns the kept buffers
     at = {k: live for kernels, live in seen for k in kernels}
     grads = at["chunk_bwd_grad_kernel"]
-    # dU_local is dead after the reverse state pass; W after it, Ũ after the rerun of the forward's state pass (where
-    # the WY form runs inside the state passes, gdn's: never stored, compiler/plan.py wy_in_state_pass)
+    # dU_local is dead after the reverse state pass; W after it, Ũ after the rerun of the forward's state pass
     assert not grads & {"dul_buf", "w_buf", "u_buf", "o_buf"}
-    wy_kept = "w_buf" in mod._KEPT_BUFFERS
-    assert wy_kept == (name != "gdn") and wy_kept == ("u_buf" in mod._KEPT_BUFFERS)
-    if wy_kept:
-        assert {"w_buf", "u_buf"} <= dead_at["bwd_grads"]
+    assert {"w_buf", "u_buf"} <= dead_at["bwd_grads"]
     assert {"h_buf", "dh_buf", "vn_buf"} <= grads
     # dU: the last input of bwd_solve (scalar decay) or bwd_scores (per-channel decay); bwd_grads reads dY = Aiᵀ dU
     # from them instead (compiler/plan.py: value_side_once), so dU is gone before it

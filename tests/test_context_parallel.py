@@ -116,8 +116,7 @@ def test_cp_stage_counts_gdn_kda() -> None:
     # the schedule itself, for the two specs of the issue: before this, a CP slice ran two whole package calls
     # (every forward stage twice, every backward stage twice)
     fwd, bwd = _expected_counts("gdn", continued=True, later=True)
-    # gdn's WY form runs inside its state passes (compiler/plan.py: wy_in_state_pass): no wy launch
-    assert fwd == Counter(l2norm=1, chunk_cumsum=1, interaction=1, state_pass=1, state_output=1)
+    assert fwd == Counter(l2norm=1, chunk_cumsum=1, interaction=1, wy=1, state_pass=1, state_output=1)
     assert bwd == Counter(state_pass=1, bwd_local_values=1, bwd_state=2, bwd_solve=1, bwd_key_grads=1, bwd_inputs=1)
     fwd, bwd = _expected_counts("kda", continued=True, later=True)
     # decay_keys runs inside the interaction's launch (compiler/plan.py: rule_decay_keys)
@@ -217,9 +216,8 @@ def test_show_plan_cp(capsys: pytest.CaptureFixture[str]) -> None:
     assert rows["bwd_grads"].split()[1] == "once" and rows["bwd_inputs"].split()[1] == "once"
     assert main(["show", str(WORKER.parent.parent / "specs" / "gdn.dgps"), "--stage", "plan", "--cp"]) == 0
     out = capsys.readouterr().out.split("stages per slice")[1]
-    # gdn's WY form runs in its state passes (compiler/plan.py: wy_in_state_pass), so per pass with them
-    assert "wy + state_pass + output" in out and "one launch with state_pass, output" in out
-    for stage in ("l2norm", "cumsum_g", "interaction + triangular_solve"):
+    assert "state_pass + output" in out and "one launch with output" in out
+    for stage in ("l2norm", "cumsum_g", "interaction + triangular_solve", "wy"):
         assert f"    {stage:<34} once: reads no incoming state" in out
     assert main(["show", str(WORKER.parent.parent / "specs" / "exact_atk.dgps"), "--stage", "plan", "--cp"]) == 0
     assert "refused: the exact preconditioner" in capsys.readouterr().out

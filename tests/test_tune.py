@@ -92,20 +92,18 @@ def _tune_gdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: A
 
 def test_tune_records_the_fastest_checked_setting_and_the_module_launches_it(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg, path, results = _tune_gdn(tmp_path, monkeypatch, stages=["interaction"], configs=[(16, 32, 1, 1)])
-    r = results["interaction"]
-    table = [32, 32, 1, 1]
-    assert r["table"] == table and len([row for row in r["rows"] if "ms" in row]) == 2
+    pkg, path, results = _tune_gdn(tmp_path, monkeypatch, stages=["wy"], configs=[(16, 16, 2, 1)])
+    r = results["wy"]
+    assert r["table"] == [32, 32, 4, 1] and len([row for row in r["rows"] if "ms" in row]) == 2
     assert path.parent == tmp_path / "tuned" / "cpu" and path.name.startswith("gdn-")
-    recorded = json.loads(path.read_text())["dk32-dv32-few"]["interaction"]
-    assert recorded["config"] == r["config"] and recorded["table"] == table
+    recorded = json.loads(path.read_text())["dk32-dv32-few"]["wy"]
+    assert recorded["config"] == r["config"] and recorded["table"] == [32, 32, 4, 1]
     mod, cpu = pkg.chunk, torch.device("cpu")
-    assert mod.launch_config("interaction", 32, 32, 1, cpu) == tuple(r["config"])
-    assert mod.launch_config("interaction", 32, 32, 1, None) == tuple(table)  # no device: the table
-    # another class
-    assert mod.launch_config("interaction", 64, 64, 1, cpu) == mod.launch_config("interaction", 64, 64, 1, None)
+    assert mod.launch_config("wy", 32, 32, 1, cpu) == tuple(r["config"])
+    assert mod.launch_config("wy", 32, 32, 1, None) == (32, 32, 4, 1)  # no device: the table
+    assert mod.launch_config("wy", 64, 64, 1, cpu) == mod.launch_config("wy", 64, 64, 1, None)  # another class
     monkeypatch.setenv("DGPS_TUNED", "0")
-    assert mod.launch_config("interaction", 32, 32, 1, cpu) == tuple(table)
+    assert mod.launch_config("wy", 32, 32, 1, cpu) == (32, 32, 4, 1)
 
 
 def test_a_candidate_whose_results_differ_is_refused_not_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +125,7 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["tune", str(ROOT / "specs" / "gdn.dgps"), "--stages", "bwd_intra", "--T", "64", "--H", "1",
                      "--B", "1", "--dk", "32", "--dv", "32"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("dgps tune: error:") and "bwd_intra" in err[-1] and "interaction" in err[-1]
+    assert err[-1].startswith("dgps tune: error:") and "bwd_intra" in err[-1] and "wy" in err[-1]
 
 
 def test_autotune_tunes_a_class_once_at_its_first_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -366,9 +366,51 @@ def chunk_interaction_kernel(
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 32 + o_c[None, :], _round(ai3_2, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
     tl.store(t_buf + (rb3[:, None] * HV + i_hv) * BT + 48 + o_c[None, :], _round(ai3_3, DT_ID).to(t_buf.dtype.element_ty), mask=mb3[:, None])
 
+# ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
+@triton.jit
+def chunk_wy_kernel(
+    p_v, p_b, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // G
+    i_n = tl.load(chunk_indices + i_c * 2)
+    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t0 = bos + i_tc * BT
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m_r = rows < eos
+    b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+    _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
+    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+    b_eg = b_beta * tl.exp2(b_g)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_e = _b_e_k
+        b_e = b_e * b_eg[:, None]
+        b_w = _mm(b_T, b_e, DT_ID)
+        tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_k[None, :])
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_z = _b_z_v
+        b_u = _mm(b_T, b_z * b_beta[:, None], DT_ID)
+        tl.store(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(u_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_v[None, :])
 # ---- stages state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
 #   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
-#     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) (= Ũ − W H_n);  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
+#     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = Ũ − W H_n;  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
 #     O = scale [e^B ⊙ (Q̂ H_n) + S U]
 #   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
 #   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
@@ -376,7 +418,7 @@ def chunk_interaction_kernel(
 #   where the state pass stored them, and O is rounded once, when stored.
 @triton.jit
 def chunk_state_output_kernel(
-    p_v, p_b, g_buf, t_buf, o_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr, HV: tl.constexpr,
+    g_buf, w_buf, u_buf, o_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr, HV: tl.constexpr,
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -416,7 +458,7 @@ def chunk_state_output_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and E H_n
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
             # (each product summed in its matmul accumulator; each block's tiles are loaded once)
             o_k = o_kb
             m_k = o_k < DK
@@ -424,11 +466,10 @@ def chunk_state_output_kernel(
             b_q0 = _b_q0_q
             _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a0 = _b_a0_k
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
             b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -437,25 +478,16 @@ def chunk_state_output_kernel(
                 b_q1 = _b_q1_q
                 _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a1 = _b_a1_k
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
                 b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
             # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
             # rounds to it there anyway (the same values in a 16-bit tile)
             b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
             b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh * tl.exp2(b_g)[:, None]
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_x = b_x * b_beta[:, None]
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
             # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
             # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
             # a per-token factor scales U's rows once, not each key block's rows of A
@@ -488,7 +520,7 @@ def chunk_state_output_kernel(
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
-            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and E H_n
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and W H_n
             # (each product summed in its matmul accumulator; each block's tiles are loaded once)
             o_k = o_kb
             m_k = o_k < DK
@@ -496,11 +528,10 @@ def chunk_state_output_kernel(
             b_q0 = _b_q0_q
             _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_a0 = _b_a0_k
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
             b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
             b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -509,25 +540,16 @@ def chunk_state_output_kernel(
                 b_q1 = _b_q1_q
                 _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_a1 = _b_a1_k
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
                 b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
             # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
             # rounds to it there anyway (the same values in a 16-bit tile)
             b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
             b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh * tl.exp2(b_g)[:, None]
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_x = b_x * b_beta[:, None]
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32) - b_wh
             # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
             # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
             # a per-token factor scales U's rows once, not each key block's rows of A
@@ -558,11 +580,11 @@ def chunk_state_output_kernel(
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
 # ---- stage state_pass: sequential over the chunks of a sequence, per (sequence, value head, BV block) ------
-#   store H_n;  U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) (= Ũ − W H_n, the WY form in this launch);  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
+#   store H_n;  U = Ũ − W H_n;  H_{n+1} = Diag(e^{b_c}) H_n + (A ⊙ e^{b_c − B})ᵀ U
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_v, p_b, g_buf, t_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -611,32 +633,24 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-            b_gl = tl.load(g_buf + last * HV + i_hv)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh * tl.exp2(b_g)[:, None]
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_x = b_x * b_beta[:, None]
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
             # a per-token factor scales U's rows once, not each key block's rows of A
             b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
@@ -677,32 +691,24 @@ def chunk_state_pass_kernel(
                 tl.store(p_hn + o_k[:, None] * DV + o_v[None, :], _round(b_h1, DT_ID).to(h_buf.dtype.element_ty),
                          mask=m_k[:, None] & m_v[None, :])
 
-            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): the WY form in this launch (W and Ũ are never stored)
-            last = t0 + tl.minimum(eos - t0, BT) - 1
-            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-            b_gl = tl.load(g_buf + last * HV + i_hv)
+            b_u = tl.load(u_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
+            # W H_n summed over the key blocks in the matmul accumulator, then subtracted once
             o_k = o_kb
             m_k = o_k < DK
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_eh = _mm(b_e, b_h0, DT_ID)
+            b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_wh = _mm(b_w, b_h0, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
                 m_k = o_k < DK
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_eh += _mm(b_e, b_h1, DT_ID)
+                b_w = tl.load(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_wh += _mm(b_w, b_h1, DT_ID)
 
-            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
-            b_z = _b_z_v
-            b_x = b_z - b_eh * tl.exp2(b_g)[:, None]
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_x = b_x * b_beta[:, None]
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_u = _mm(b_T, b_x, DT_ID)
+            b_u -= b_wh
             tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
             # a per-token factor scales U's rows once, not each key block's rows of A
             b_u = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
             o_k = o_kb
@@ -821,11 +827,11 @@ def chunk_bwd_local_values_kernel(
     tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
-#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU) (= Wᵀ dU: the WY form in this launch)
+#   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    p_b, g_buf, t_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets, scale,
+    g_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_q, pn_k, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -890,14 +896,6 @@ def chunk_bwd_state_kernel(
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             # dH_n, per key block
-            # Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), W = T (β ⊙ E ⊙ e^B) never stored (compiler/plan.py: wy_in_state_pass): the
-            # c×c product once per chunk, its rows scaled once, then one product per key block with the erase keys
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_tdu = _mm(tl.trans(b_T), b_du, DT_ID)
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_tdu = b_tdu * b_beta[:, None]
-            b_tdu = b_tdu * tl.exp2(b_g)[:, None]
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -905,9 +903,8 @@ def chunk_bwd_state_kernel(
             b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_dh0 = b_dh0 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -917,9 +914,8 @@ def chunk_bwd_state_kernel(
                 b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_dh1 = b_dh1 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
             i_tc -= 1
@@ -960,14 +956,6 @@ def chunk_bwd_state_kernel(
             tl.store(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_du, DT_ID).to(du_buf.dtype.element_ty),
                      mask=m_rv)
             # dH_n, per key block
-            # Wᵀ dU = (β ⊙ E ⊙ e^B)ᵀ (Tᵀ dU), W = T (β ⊙ E ⊙ e^B) never stored (compiler/plan.py: wy_in_state_pass): the
-            # c×c product once per chunk, its rows scaled once, then one product per key block with the erase keys
-            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-            b_tdu = _mm(tl.trans(b_T), b_du, DT_ID)
-            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
-            b_tdu = b_tdu * b_beta[:, None]
-            b_tdu = b_tdu * tl.exp2(b_g)[:, None]
             o_k = o_kb
             m_k = o_k < DK
             _b_q_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -975,9 +963,8 @@ def chunk_bwd_state_kernel(
             b_qf = b_q * tl.exp2(b_g)[:, None]
             b_dh0 = b_dh0 * tl.exp2(b_gl)
             b_dh0 = b_dh0 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-            _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_e = _b_e_k
-            b_dh0 = b_dh0 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+            b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+            b_dh0 = b_dh0 - _mm(b_wt, b_du, DT_ID)
 
             if DK > 1 * BK:
                 o_k = 1 * BK + o_kb
@@ -987,9 +974,8 @@ def chunk_bwd_state_kernel(
                 b_qf = b_q * tl.exp2(b_g)[:, None]
                 b_dh1 = b_dh1 * tl.exp2(b_gl)
                 b_dh1 = b_dh1 + _mm(tl.trans(b_qf), b_do, DT_ID) * scale
-                _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
-                b_e = _b_e_k
-                b_dh1 = b_dh1 - _mm(tl.trans(b_e), b_tdu, DT_ID)
+                b_wt = tl.load(w_buf + (rows[None, :] * HV + i_hv) * DK + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)
+                b_dh1 = b_dh1 - _mm(b_wt, b_du, DT_ID)
 
 
     o_k = o_kb
@@ -1303,11 +1289,12 @@ _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_a', 'p_A_log', 'p_dt_bias', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_b', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
-    'chunk_state_output_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'o_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_state_pass_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_wy_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_output_kernel': ('g_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('g_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('p_b', 'g_buf', 't_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_b', 'g_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_inputs_kernel': ('p_q', 'p_k', 'p_a', 'p_b', 'p_A_log', 'p_dt_bias', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dx_q', 'dx_k', 'dx_a', 'dx_b', 'dx_A_log', 'dx_dt_bias', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
@@ -1321,6 +1308,7 @@ def _kernels():
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
     ]
 
@@ -1332,6 +1320,7 @@ def _unfused_kernels():
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1373,12 +1362,13 @@ def _rerun_kernels(kept, states=False):
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf", "w_buf", "u_buf"]
 # what a training forward with keep_states adds to them (FLA's disable_recompute): the state pass's H_n and, where
 # the plan's state pass outputs it, U, so that the backward reruns no state pass
 _KEPT_STATES = ["vn_buf", "h_buf"]
@@ -1529,6 +1519,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["pn_k"] = (TT * H * DK, dt)  # l2norm.kn
     b["g_buf"] = (TT * HV, f32)  # cumsum_g.b_
     b["t_buf"] = (TT * HV * BT, dt)  # triangular_solve.Tm
+    b["w_buf"] = (TT * HV * DK, dt)  # wy.W
+    b["u_buf"] = (TT * HV * DV, dt)  # wy.Ut
     return b
 
 
@@ -1686,6 +1678,7 @@ def _cp_kernels():
             ("l2norm", chunk_l2norm_kernel, "rows"),
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
         ],
