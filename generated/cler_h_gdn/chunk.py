@@ -1653,13 +1653,13 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
     takes = _takes(kernels)
-    if "h_buf" in takes:
+    # to be kept (keep_states): sized as kept_like sizes them
+    states = _state_buffers(TT, N, HV, DK, DV, dt) if keep_states else {}
+    if "h_buf" in takes and "h_buf" not in states:
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
-    if "vn_buf" in takes:
+    if "vn_buf" in takes and "vn_buf" not in states:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
-    if keep_states:  # to be kept: sized as kept_like sizes them
-        bufs.update({n: torch.empty(numel, dtype=dtype, device=device)
-                     for n, (numel, dtype) in _state_buffers(TT, N, HV, DK, DV, dt).items()})
+    bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in states.items()})
     bufs.update({n: kept[n] for n in _KEPT_STATES if n in kept})  # a keep_states forward's, for its backward
     # the backward's rerun of the forward has no output stage: no o
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
