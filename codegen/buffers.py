@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler.plan import BackwardPlan, Operand, Plan, Stage, build_backward_plan, bytes_per_token, launch_of, stored
+from ..compiler.plan import BackwardPlan, Operand, Plan, Stage, build_backward_plan, kept_states, launch_of, stored
 
 # a forward stage's stored operand -> the buffer its kernels name
 BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
@@ -112,20 +112,13 @@ def kept_buffers(plan: Plan, kinds: tuple[str, ...]) -> list[str]:
     return [b.name for kind in kinds for b in bufs if b.kind == kind]
 
 
-# the state pass's outputs the backward reads, and their buffers (the route r is an output beside o: not read back)
+# the state pass's outputs a keep_states forward keeps (compiler/plan.py: kept_states) -> their buffers
 STATE_BUFFER_OF = {"Hn": "h_buf", "U": "vn_buf"}
 
 
-def kept_states(plan: Plan) -> list[Operand]:
-    """The state pass's outputs a training forward keeps on request (keep_states; FLA's disable_recompute) instead of
-    the backward's rerun of the state pass: H_n, and U where the plan's state pass outputs it (the additive family
-    forms U = β Z on its loads). Their buffers are STATE_BUFFER_OF's."""
-    return [o for o in plan.stage("state_pass").outputs if o.name in STATE_BUFFER_OF]
-
-
-def kept_states_bytes(plan: Plan) -> int:
-    """What keep_states adds per token and value head at dk = dv = 128 (the memory model's prices)."""
-    return sum(bytes_per_token(o) for o in kept_states(plan))
+def kept_state_buffers(plan: Plan) -> list[str]:
+    """The buffers of what keep_states keeps, in the state pass's output order."""
+    return [STATE_BUFFER_OF[o.name] for o in kept_states(plan)]
 
 
 # a backward stage's output -> the buffer its kernels name (grad_x: the host's result buffers dx_x, sized by the

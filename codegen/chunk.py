@@ -90,6 +90,7 @@ from ..compiler.plan import (
     cp_stages,
     direct_gate_input,
     gate_gradient,
+    kept_states_bytes,
     launch_of,
     precond_shares,
     residual_solve,
@@ -99,16 +100,7 @@ from ..compiler.plan import (
     value_side_once,
 )
 from .address import ROWS, partial_row, row_offset
-from .buffers import (
-    STATE_BUFFER_OF,
-    allocation_code,
-    backward_buffers,
-    kept_buffers,
-    kept_states,
-    kept_states_bytes,
-    make_code,
-    token_buffers,
-)
+from .buffers import allocation_code, backward_buffers, kept_buffers, kept_state_buffers, make_code, token_buffers
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .jinja_env import template_env
@@ -434,7 +426,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 cp_backward_launches=cp_bwd,
                 rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
                 rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
-                kept_states=[STATE_BUFFER_OF[o.name] for o in kept_states(plan)],
+                kept_states=kept_state_buffers(plan),
                 kept_states_bytes=kept_states_bytes(plan),
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
                 tied_keys=tied_keys_of(plan),

@@ -20,8 +20,7 @@ import triton
 
 from .._version import __version__ as DGPS_VERSION
 from ..compiler.ir import IR
-from ..compiler.plan import build_plan
-from .buffers import kept_states_bytes
+from ..compiler.plan import build_plan, kept_states_bytes
 from .chunk import BC, BT, render_chunk, supports_chunk, supports_chunk_backward
 from .jinja_env import template_env
 from .recurrent import render_recurrent

@@ -1443,10 +1443,9 @@ def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> st
         o = big[0]
         why = (f"its per-chunk {o.name} ({bytes_per_token(o)} B, {'×'.join(o.dims[-2:])} per chunk and head) would "
                "outweigh any per-token buffer: rerun for the reverse passes")
-        if sts[0].kind == "state_pass":  # the call's choice, as FLA's disable_recompute (codegen/buffers.py)
-            held = [x for x in sts[0].outputs if x.name in ("Hn", "U")]
-            why += (f"; a call's keep_states=True keeps {' and '.join(x.name for x in held)} instead "
-                    f"({sum(bytes_per_token(x) for x in held)} B), one launch less")
+        if sts[0].kind == "state_pass":  # the call's choice, as FLA's disable_recompute
+            why += (f"; a call's keep_states=True keeps {' and '.join(x.name for x in kept_states(p))} instead "
+                    f"({kept_states_bytes(p)} B), one launch less")
         return why
     feeds = [i for st in sts for i in st.inputs
              if (q := p.producer(i)) is not None and q.kind in rerun and q.out(i).dims[:2] == ("B", "NT")]
@@ -1520,6 +1519,22 @@ def kept_outputs(plan: Plan, bp: BackwardPlan) -> list[tuple[Stage, tuple[Operan
 
 
 _DIM_AT_REFERENCE = {"dk": 128, "dv": 128, "C": 64}
+
+
+# the state pass's outputs the backward reads (the route r is an output beside o, not read back)
+STATE_PASS_READ_BACK = ("Hn", "U")
+
+
+def kept_states(p: Plan) -> list[Operand]:
+    """The state pass's outputs a training forward keeps on request (keep_states; FLA's disable_recompute) instead of
+    the backward's rerun of the state pass: H_n, and U where the state pass outputs it (the additive family forms
+    U = β Z on its loads)."""
+    return [o for o in p.stage("state_pass").outputs if o.name in STATE_PASS_READ_BACK]
+
+
+def kept_states_bytes(p: Plan) -> int:
+    """What keep_states adds per token and head at dk = dv = 128 (the memory model's prices)."""
+    return sum(bytes_per_token(o) for o in kept_states(p))
 
 
 def bytes_per_token(op: Operand) -> int:

@@ -132,11 +132,9 @@ class DGPSLayer(nn.Module):
                  gate_low_rank_dim: int | None = None, qk_norm: bool | None = None, backend: str = "kernel",
                  decode_max_len: int = 64, cp_group: Any = None, keep_states: bool = False) -> None:
         super().__init__()
-        if keep_states and cp_group is not None:
-            raise ValueError("DGPSLayer: keep_states and cp_group together: the context-parallel backward reruns its "
-                             "state passes")
         # keep_states (FLA's disable_recompute): a training step keeps the state pass's H_n and U for the backward
-        # instead of running that pass again there (the package's forward(keep_states=...))
+        # instead of running that pass again there (the package's forward(keep_states=...), which refuses it with
+        # cp_group)
         self.keep_states = keep_states
         # context parallelism (dgps.runtime.cp): each rank's forward takes its contiguous slice of the tokens (with
         # the global pack's cu_seqlens); decoding never shards (set cp_group = None on a model used for generation)
