@@ -98,6 +98,7 @@ from ..compiler.plan import (
     stored_adjoints,
     tied_keys_of,
     value_side_once,
+    wy_in_inference_state_pass,
 )
 from .address import ROWS, partial_row, row_offset
 from .buffers import allocation_code, backward_buffers, kept_buffers, kept_state_buffers, make_code, token_buffers
@@ -210,12 +211,14 @@ def supports_chunk(ir: IR) -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch of the chunk module: the launch-table name, the kernel, its grid kind, its template."""
+    """One kernel launch of the chunk module: the launch-table name, the kernel, its grid kind, its template, and the
+    named hooks its template renders with (one template, several kernels: `def {{ launch.kernel }}`)."""
 
     name: str
     kernel: str
     grid: str
     template: str
+    hooks: frozenset[str] = frozenset()
 
 
 # The rule tables: plan launch (a stage kind, or the stage a fused stage runs in) -> the kernel that computes it.
@@ -250,6 +253,13 @@ FORWARD_RULES = {
 # stores H_n and U for the backward stages, keeps the state pass's own kernel.
 FUSED_RULES = {
     ("state_pass", "output"): Launch("state_output", "chunk_state_output_kernel", "state", "chunk_state_output.jinja"),
+}
+# An inference forward's fused kernel with the wy stage formed inside it as well (the wy stage's inference_fused;
+# compiler/plan.py: wy_in_inference_state_pass): the same template with the `wy_inside` hook, its own kernel and
+# launch-table entry.
+INFERENCE_FUSED_RULES = {
+    ("state_pass", "output"): Launch("state_output_wy", "chunk_state_output_wy_kernel", "state",
+                                     "chunk_state_output.jinja", frozenset({"wy_inside"})),
 }
 # The state pass split over blocks of key rows where it runs alone (its plan attribute key_blocks; the template's
 # split_keys hook): the additive family without a route, whose rows no term couples.
@@ -289,7 +299,8 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
     rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
-                               [la.name for la in unfused_forward_launches(plan)]))
+                               [la.name for la in unfused_forward_launches(plan)] +
+                               [la.name for la in inference_forward_launches(plan)]))
     names = list(dict.fromkeys(names + [la.name for la in (backward_launches(plan) if bplan else [])]))
     return format_launches(names, DK, DV, decay_hook(ir.decay.kind).kind, plan.family, ir.route, ir.precond.kind)
 
@@ -373,6 +384,19 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
             out += [rules[host], rules[guests[0]]]
         else:
             out.append(FUSED_RULES[(host, guests[0])] if guests else rules[host])
+    return out
+
+
+def inference_forward_launches(plan: Plan) -> list[Launch]:
+    """The forward of an inference call, where the plan forms the wy stage inside the fused state pass + output for
+    such calls (the wy stage's `inference_fused`): no wy launch, the fused kernel's WY variant; else none (an inference
+    call launches forward_launches)."""
+    if not wy_in_inference_state_pass(plan):
+        return []
+    fused = FUSED_RULES[("state_pass", "output")]
+    out = [INFERENCE_FUSED_RULES[("state_pass", "output")] if la == fused else la
+           for la in forward_launches(plan) if la.name != "wy"]
+    assert fused not in out and len(out) == len(forward_launches(plan)) - 1, plan.name
     return out
 
 
@@ -771,6 +795,7 @@ def _context(ir: IR) -> dict:
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)
     ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan),
+               inference_forward_launches=inference_forward_launches(plan),
                token_buffer_code=allocation_code(token_buffers(plan)))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)

@@ -132,7 +132,10 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
             # stages' 0.834, BV 16 0.798, BV 64 / 4 stages 0.843
             return max(bk_block, BK // 2), min(32, bv_full), 4, 3
         return max(bk_block, BK // 2), min(32, bv_full), 4, 2
-    if name == "state_output":
+    if name in ("state_output", "state_output_wy"):
+        # state_output_wy: an inference call's fused kernel with the wy stage formed inside it too (one more c×c
+        # product per chunk, W and Ũ not loaded; compiler/plan.py: wy_in_inference_state_pass); the same setting
+        # (H100, gdn, run 115: 0.265 ms at it inside the training forward)
         # the state pass with the output fused in (scalar or no decay; codegen/templates/chunk_state_output.jinja), on
         # the state pass's 64-row key tiles. Compile report (sm_90, gdn): dk = dv = 128, BV 32 / 4 warps / 2 stages 238
         # registers, no spill, 107 KB shared (two programs per SM: 256 at B = 4, H = 16 on 132 SMs); 8 warps 205;

@@ -625,10 +625,36 @@ def rule_wy(b: _Builder) -> None:
     row = "exclusive" if b.op("bx") else "inclusive"
     if b.family == "tied":
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
-              row_decay=row, form="W = T(E*e^B), Ut = T Z")
+              row_decay=row, form="W = T(E*e^B), Ut = T Z",
+              inference_fused="state_pass" if _wy_in_inference_state_pass(b) else None)
     else:
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
+
+
+def _wy_in_inference_state_pass(b: _Builder) -> bool:
+    """Whether an inference forward forms the WY form inside its fused state pass + output launch (FlashQLA's fused
+    forward): each state program forms U = Ũ − W H_n = T (β ⊙ (Z − (E ⊙ e^B) H_n)) from the solve's T and the chunk's
+    erase keys and values, so no wy launch runs and W and Ũ (512 B per token and head at dk = dv = 128, bf16) are
+    never written. A training forward keeps W and Ũ for the backward's state passes and runs the wy launch; so do the
+    unfused pair (few sequences × value heads: the output's unfused_when) and the backward's rerun.
+
+    Why inference only (H100, B = 4, T = 4096, H = 16, dk = dv = 128, bf16; runs 115-118, one process): in the fused
+    kernel the extra c×c product per chunk overlaps the output's chunk work (gdn forward 0.547 → 0.474 ms, deltanet
+    0.410 → 0.318); in a state pass that runs alone it sits on the loop-carried chain H_n → E H_n → T x → U → H_{n+1}
+    (the backward's rerun 0.144 → 0.208 ms; B = 1, T = 32768: gdn's step +9.5 %), and a training forward that forms
+    it instead of keeping W and Ũ leaves the wy launch to the backward.
+
+    Where the output is fused into the state pass (_output_in_state_pass), in the tied family with inclusive erase
+    rows (an exclusive e^{b_(t-1)} is left to the wy launch) and no residual route (it stores (T − I) Z for its own
+    rounding: residual_solve)."""
+    return (b.family == "tied" and _output_in_state_pass(b) and not residual_solve(b) and not b.op("bx"))
+
+
+def wy_in_inference_state_pass(p: Plan) -> bool:
+    """The plan's decision (rule_wy): an inference forward forms W and Ũ inside its fused state pass + output."""
+    wy = p.find("wy")
+    return bool(wy) and wy[0].attr("inference_fused") == "state_pass"
 
 
 def rule_decay_keys(b: _Builder) -> None:

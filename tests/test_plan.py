@@ -143,10 +143,34 @@ def test_output_runs_in_the_state_pass_launch_for_scalar_and_no_decay(name):
                      "ccq_gdn", "ccq_gdn_uncentered", "cler_h_gdn"}
     assert (p.stage("output").attr("fused") == "state_pass") == fused, name
     assert launch_of(p.stage("output")) == ("state_pass" if fused else "output")
-    assert ("fused=state_pass" in format_plan(p)) == fused
+    output_line = next(line for line in format_plan(p).splitlines() if line.split()[:2] == ["output", "output"])
+    assert ("fused=state_pass" in output_line) == fused
     # the backward reruns the state pass alone (it stores H_n and U for the backward stages)
     bp = build_backward_plan(p)
     assert bp is None or ("state_pass" in bp.recomputed and "output" not in bp.recomputed)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_inference_forms_wy_in_the_fused_state_pass(name):
+    """Where the output runs in the state pass's launch, the tied family with inclusive erase rows and no residual
+    route forms the wy stage there too in an inference call (compiler/plan.py: wy_in_inference_state_pass): that
+    call launches no wy kernel and the fused kernel's WY variant. A training forward still launches wy and stores W
+    and Ũ, which the backward plan keeps for its state passes."""
+    from dgps.codegen.chunk import forward_launches, inference_forward_launches
+    from dgps.compiler.plan import build_backward_plan, wy_in_inference_state_pass
+
+    p = plan(name)
+    wy = p.find("wy")
+    want = bool(wy) and p.family == "tied" and p.stage("output").attr("fused") == "state_pass" and \
+        p.structure.route != "residual" and wy[0].attr("row_decay") == "inclusive"
+    assert wy_in_inference_state_pass(p) == want, name
+    assert ("inference_fused=state_pass" in format_plan(p)) == want
+    names = [la.name for la in inference_forward_launches(p)]
+    assert names == ([la.name.replace("state_output", "state_output_wy") for la in forward_launches(p)
+                      if la.name != "wy"] if want else [])
+    bp = build_backward_plan(p)
+    if want and bp is not None:
+        assert "wy" in bp.kept and "wy" in [la.name for la in forward_launches(p)]
 
 
 def test_gdn_kda_same_shape_different_decay():

@@ -61,6 +61,18 @@ def _want(plan, kinds=None) -> list[str]:  # noqa: ANN001
     return [_fwd_kernel(h, {st.kind for st in stages if st.kind != h and launch_of(st) == h}) for h in hosts]
 
 
+def _want_inference(plan) -> list[str]:  # noqa: ANN001
+    """The kernels of an inference call: the plan's, but where its wy stage is `inference_fused` into the state pass
+    (compiler/plan.py: wy_in_inference_state_pass), no wy launch and the fused kernel's WY variant."""
+    want = _want(plan)
+    wy = plan.find("wy")
+    if not wy or wy[0].attr("inference_fused") is None:
+        return want
+    assert wy[0].attr("inference_fused") == "state_pass" and "chunk_state_output_kernel" in want
+    return [{"chunk_state_output_kernel": "chunk_state_output_wy_kernel"}.get(k, k) for k in want
+            if k != "chunk_wy_kernel"]
+
+
 def _launched(mod, fn, bufs=None) -> list[str]:  # noqa: ANN001
     names: list[str] = []
     launch = mod._Run.launch
@@ -87,10 +99,14 @@ def test_launches_are_the_plan(name: str) -> None:
     x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
     want = _want(plan)
     bufs: dict = {}
-    assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == want
+    inference = _want_inference(plan)
+    assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == inference
     # with the output in the state pass's launch, H_n and U stay in registers: the host allocates neither
     fused = plan.stage("output").attr("fused") == "state_pass"
     assert (bufs["h_buf"].numel() == 1 and bufs["vn_buf"].numel() == 1) == fused
+    # nor W and Ũ, where an inference call forms the wy stage inside that launch too
+    if plan.find("wy"):
+        assert (bufs["w_buf"].numel() == 1 and bufs["u_buf"].numel() == 1) == (inference != want)
     # every kernel takes only operands its body uses, and far fewer than the shared parameter list
     for kernel, params in mod._KERNEL_ARGS.items():
         assert 0 < len(params) < 40, (kernel, params)
@@ -160,16 +176,21 @@ def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> No
     assert "chunk_state_output_kernel" in fused
     unfused = [k for f in fused for k in (["chunk_state_pass_kernel", "chunk_output_kernel"]
                                            if f == "chunk_state_output_kernel" else [f])]
+    inference = _want_inference(plan)  # the wy stage inside the fused launch too, where the plan says so
     gpu = torch.device("cuda")
     assert mod._fuse_output(4 * 16, 128, gpu) and not mod._fuse_output(16, 128, gpu)  # B = 4 / B = 1 at H = 16
     assert mod._fuse_output(1, 16, torch.device("cpu"))  # the interpreter: the plan's fused form
     for force, want in ((None, fused), (False, unfused), (True, fused)):
         monkeypatch.setattr(mod, "FUSE_OUTPUT", force)
         bufs: dict = {}
-        assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == want
+        assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == \
+            (inference if want == fused else unfused)
         assert (bufs["h_buf"].numel() > 1) == (want == unfused)
         # U only where the state pass forms it (the additive family's is β Z, formed on the output's loads)
         assert (bufs["vn_buf"].numel() > 1) == (want == unfused and plan.family != "additive")
+        # W and Ũ: written by the wy launch where one runs (the unfused pair reads them)
+        if plan.find("wy"):
+            assert (bufs["w_buf"].numel() > 1) == (want == unfused or inference == fused)
         if supports_chunk_backward(rec.ir)[0]:
             assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
 

@@ -1418,7 +1418,8 @@ def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_se
     inputs: tensors named as in the spec, [B, T, heads, channel] (FLA layout), bf16/fp16/fp32;
     initial_state: h = Sᵀ [N, HV, dk, dv] or a dict of states; returns RecurrenceOutput (states in fp32).
     """
-    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False, kernels=_kernels())[0]
+    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False,
+                    kernels=_kernels())[0]
 
 
 class _Run:
@@ -1601,11 +1602,14 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs[n] = dummy_dt
     names = _KEPT_BUFFERS + (_KEPT_STATES if _states_kept(kept) else [])
     kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
+    takes = _takes(kernels)
     for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
-        bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
+        # a call that keeps nothing allocates only what its kernels take (an inference call's fused kernel may form
+        # a stage's outputs inside it: _inference_kernels)
+        if keep or n in takes:
+            bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
-    takes = _takes(kernels)
     # to be kept (keep_states): sized as kept_like sizes them
     states = _state_buffers(TT, N, HV, DK, DV, dt) if keep_states else {}
     if "h_buf" in takes and "h_buf" not in states:

@@ -782,6 +782,195 @@ def chunk_output_kernel(
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+# ---- stages wy + state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
+#   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
+#     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) (= Ũ − W H_n; W and Ũ never stored);  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
+#     O = scale [e^B ⊙ (Q̂ H_n) + S U]
+#   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
+#   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
+#   state pass holds it. Rounding as in the two launches it replaces: the matmuls round H_n and U to the input dtype
+#   where the state pass stored them, and O is rounded once, when stored.
+#   An inference call's kernel (compiler/plan.py: wy_in_inference_state_pass): U from the solve's T, the chunk's erase
+#   keys and values, one more c×c product per chunk; the wy launch's W and Ũ are neither formed nor stored.
+@triton.jit
+def chunk_state_output_wy_kernel(
+    p_v, p_b, g_buf, t_buf, o_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_kb = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_le = o_t[:, None] >= o_t[None, :]
+    o_k = o_kb
+    m_k = o_k < DK
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    if DK > 1 * BK:
+        o_k = 1 * BK + o_kb
+        m_k = o_k < DK
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+
+    n_tc = tl.cdiv(eos - bos, BT)
+    if INTERPRET:
+        # the Triton interpreter cannot take a loaded scalar as a range() bound
+        i_tc = 0
+        while i_tc < n_tc:
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and E H_n
+            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q0 = _b_q0_q
+            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a0 = _b_a0_k
+            b_w = b_a0  # the erase key is the write key
+            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
+            b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q1 = _b_q1_q
+                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a1 = _b_a1_k
+                b_w = b_a1  # the erase key is the write key
+                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
+                b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
+
+            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
+            # rounds to it there anyway (the same values in a 16-bit tile)
+            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
+            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): E H_n summed over the key blocks above (b_wh), its rows scaled once
+            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = _b_z_v
+            b_x = b_z - b_wh * tl.exp2(b_g)[:, None]
+            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
+            b_x = b_x * b_beta[:, None]
+            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+            b_u = _mm(b_T, b_x, DT_ID)
+            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
+            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            o_k = o_kb
+            m_k = o_k < DK
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
+
+            b_o = b_o * tl.exp2(b_g)[:, None]
+            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+
+            i_tc += 1
+    else:
+        # a for loop, so that Triton software-pipelines the loads of the next chunk
+        for i_tc in range(0, n_tc):
+            # em.rows: where lean (codegen/chunk.py: _Emitter), rows as t0 + o_t, a 64-bit scalar and int32 tile
+            # offsets that do not change across the loop
+            t0 = bos + i_tc * BT
+            rows = t0 + o_t
+            m_r = o_t < eos - t0
+            m_rv = m_r[:, None] & m_v[None, :]
+            last = t0 + tl.minimum(eos - t0, BT) - 1
+            b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
+            b_gl = tl.load(g_buf + last * HV + i_hv)
+            # one pass over the key blocks: the scores Q̂ Aᵀ and the reads of H_n, Q̂ H_n and E H_n
+            # (each product summed in its matmul accumulator; each block's tiles are loaded once)
+            o_k = o_kb
+            m_k = o_k < DK
+            _b_q0_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_q0 = _b_q0_q
+            _b_a0_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+            b_a0 = _b_a0_k
+            b_w = b_a0  # the erase key is the write key
+            b_s = _mm(b_q0, tl.trans(b_a0), DT_ID)
+            b_o = _mm(b_q0, b_h0, DT_ID)
+            b_wh = _mm(b_w, b_h0, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                _b_q1_q = tl.load(pn_q + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q1 = _b_q1_q
+                _b_a1_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_a1 = _b_a1_k
+                b_w = b_a1  # the erase key is the write key
+                b_s += _mm(b_q1, tl.trans(b_a1), DT_ID)
+                b_o += _mm(b_q1, b_h1, DT_ID)
+                b_wh += _mm(b_w, b_h1, DT_ID)
+
+            # the scores masked, decayed and held in the input dtype until S U: a matmul operand only, which _mm
+            # rounds to it there anyway (the same values in a 16-bit tile)
+            b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+            b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
+            # U = T (β ⊙ (Z − (E ⊙ e^B) H_n)): E H_n summed over the key blocks above (b_wh), its rows scaled once
+            _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_z = _b_z_v
+            b_x = b_z - b_wh * tl.exp2(b_g)[:, None]
+            _b_beta_b = tl.load(p_b + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (1.0 / (1.0 + tl.exp(-(_b_beta_b)))), 0.)
+            b_x = b_x * b_beta[:, None]
+            b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
+            b_u = _mm(b_T, b_x, DT_ID)
+            # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
+            # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
+            # a per-token factor scales U's rows once, not each key block's rows of A
+            b_ud = b_u * tl.exp2(tl.minimum(b_gl - b_g, 0.))[:, None]
+            o_k = o_kb
+            m_k = o_k < DK
+            b_h0 = b_h0 * tl.exp2(b_gl)
+            b_h0 = b_h0 + _mm(tl.trans(b_a0), b_ud, DT_ID)
+
+            if DK > 1 * BK:
+                o_k = 1 * BK + o_kb
+                m_k = o_k < DK
+                b_h1 = b_h1 * tl.exp2(b_gl)
+                b_h1 = b_h1 + _mm(tl.trans(b_a1), b_ud, DT_ID)
+
+            b_o = b_o * tl.exp2(b_g)[:, None]
+            b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
+
+    if STORE_FINAL:
+        o_k = o_kb
+        m_k = o_k < DK
+        tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h0, mask=m_k[:, None] & m_v[None, :])
+
+        if DK > 1 * BK:
+            o_k = 1 * BK + o_kb
+            m_k = o_k < DK
+            tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
+
 # ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
 #   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
 #   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
@@ -1293,6 +1482,7 @@ _KERNEL_ARGS = {
     'chunk_state_output_kernel': ('g_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('g_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_state_output_wy_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'o_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('g_buf', 'do_buf', 'dul_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_b', 'g_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1310,6 +1500,18 @@ def _kernels():
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
+    ]
+
+
+def _inference_kernels():
+    """The forward of an inference call (nothing kept for a backward): the wy stage formed inside the fused state
+    pass + output (the plan's wy stage, `inference_fused`), so W and Ũ are never stored; few sequences × value heads
+    on a GPU take _unfused_kernels instead (_per_call)."""
+    return [
+        ("l2norm", chunk_l2norm_kernel, "rows"),
+        ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
+        ("interaction", chunk_interaction_kernel, "chunk"),
+        ("state_output_wy", chunk_state_output_wy_kernel, "state"),
     ]
 
 
@@ -1341,11 +1543,14 @@ def _fuse_output(n_state, DV, device):
 
 
 def _per_call(kernels, n_state, DV, device):
-    """`kernels` for this call: the fused state pass + output replaced by the two launches where _fuse_output says."""
-    if "state_output" not in (k[0] for k in kernels) or _fuse_output(n_state, DV, device):
+    """`kernels` for this call: the fused state pass + output replaced by the two launches where _fuse_output says
+    (and, where the fused kernel formed the wy stage too, the wy launch before them)."""
+    fused = [k[0] for k in kernels if k[0] in ("state_output", "state_output_wy")]
+    if not fused or _fuse_output(n_state, DV, device):
         return kernels
-    pair = [k for k in _unfused_kernels() if k[0] in ("state_pass", "output")]
-    return [x for k in kernels for x in (pair if k[0] == "state_output" else [k])]
+    pair = [k for k in _unfused_kernels() if k[0] in (("wy",) if fused == ["state_output_wy"] else ()) +
+            ("state_pass", "output")]
+    return [x for k in kernels for x in (pair if k[0] == fused[0] else [k])]
 
 
 def _rerun_kernels(kept, states=False):
@@ -1433,7 +1638,8 @@ def chunk_forward(inputs, *, initial_state=None, output_final_state=False, cu_se
     inputs: tensors named as in the spec, [B, T, heads, channel] (FLA layout), bf16/fp16/fp32;
     initial_state: h = Sᵀ [N, HV, dk, dv] or a dict of states; returns RecurrenceOutput (states in fp32).
     """
-    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False, kernels=_kernels())[0]
+    return _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep=False,
+                    kernels=_inference_kernels())[0]
 
 
 class _Run:
@@ -1614,11 +1820,14 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         bufs[n] = dummy_dt
     names = _KEPT_BUFFERS + (_KEPT_STATES if _states_kept(kept) else [])
     kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
+    takes = _takes(kernels)
     for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
-        bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
+        # a call that keeps nothing allocates only what its kernels take (an inference call's fused kernel may form
+        # a stage's outputs inside it: _inference_kernels)
+        if keep or n in takes:
+            bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
-    takes = _takes(kernels)
     # to be kept (keep_states): sized as kept_like sizes them
     states = _state_buffers(TT, N, HV, DK, DV, dt) if keep_states else {}
     if "h_buf" in takes and "h_buf" not in states:
