@@ -10,7 +10,11 @@ disk and launched on the recorded arguments; `--set` relaunches the original wit
 MODULE.NAME=VALUE` renders the module again with a codegen or plan constant changed (its own launch recorded the same
 way), e.g. `--patch dgps.compiler.plan.VECTOR_DIAG_FORM=bounded`. The cut
 variants compute wrong values: only their times mean anything, as upper bounds of what each section costs
-(a cut can also free registers). Medians of `triton.testing.do_bench`, interleaved over `--rounds`.
+(a cut can also free registers). `--sub FILE`: a JSON object, variant name -> {"sub": [[old, new], ...], "set":
+{NAME: VALUE}}, the kernel's source with each `old` replaced by `new` (every occurrence inside the kernel), launched on
+the recorded arguments with the constexprs of "set"; `--set` takes NAME=VALUE[,NAME=VALUE...] per variant, where
+`grid0=N` sets the grid's first dimension (BV's value blocks, say). Medians of `triton.testing.do_bench`, interleaved
+over `--rounds`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ def cut_source(src: str, kernel: str, marker: str) -> str:
     return "\n".join(keep) + "\n"
 
 
+def substituted(src: str, kernel: str, subs: list[list[str]]) -> str:
+    """`src` with each [old, new] of `subs` replaced inside `kernel` (its def up to the next kernel's decorator)."""
+    start = src.index(f"def {kernel}(")
+    end = src.find("@triton.jit", start)
+    end = len(src) if end < 0 else end
+    body = src[start:end]
+    for old, new in subs:
+        if old not in body:
+            raise SystemExit(f"--sub: not in {kernel}: {old!r}")
+        body = body.replace(old, new)
+    return src[:start] + body + src[end:]
+
+
 def load_module(path: Path, name: str):  # noqa: ANN201
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -64,7 +81,9 @@ def main() -> int:
     p.add_argument("--system", default="kda")
     p.add_argument("--kernel", default="chunk_interaction_kernel")
     p.add_argument("--cut", nargs="*", default=[])
-    p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE constexpr overrides, one variant each")
+    p.add_argument("--set", nargs="*", default=[],
+                   help="NAME=VALUE[,NAME=VALUE] constexpr overrides (grid0=N: the grid's first dimension), one variant each")
+    p.add_argument("--sub", help="JSON file: variant -> {'sub': [[old, new], ...], 'set': {NAME: VALUE}}")
     p.add_argument("--patch", nargs="*", default=[], help="MODULE.NAME=VALUE: the module rendered with it, one variant each")
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--T", type=int, default=4096)
@@ -106,7 +125,16 @@ def main() -> int:
         path = tmp / f"cut{i}.py"
         path.write_text(cut_source(src, a.kernel, marker))
         variants[f"cut {marker!r}"] = getattr(load_module(path, f"dgps_cut{i}"), a.kernel)
-    overrides = {f"set {s}": dict([s.split("=", 1)]) for s in a.set}
+    overrides = {f"set {s}": dict(kv.split("=", 1) for kv in s.split(",")) for s in a.set}
+    if a.sub:
+        import json
+
+        for i, (name, v) in enumerate(json.loads(Path(a.sub).read_text()).items()):
+            path = tmp / f"sub{i}.py"
+            path.write_text(substituted(src, a.kernel, v["sub"]))
+            variants[f"sub {name}"] = getattr(load_module(path, f"dgps_sub{i}"), a.kernel)
+            if v.get("set"):
+                overrides[f"sub {name}"] = {k: str(x) for k, x in v["set"].items()}
     own: dict[str, tuple] = {}  # variant -> its own recorded launch
     for spec in a.patch:
         target, value = spec.split("=", 1)
@@ -132,10 +160,13 @@ def main() -> int:
         args, grid, kwargs = own.get(name, (base_args, base_grid, base_kwargs))
         kw = dict(kwargs)
         for k, v in overrides.get(name, {}).items():
-            kw[k] = bool(int(v)) if isinstance(kw.get(k), bool) else int(v)
+            if k == "grid0":
+                grid = (int(v), *tuple(grid)[1:])
+            else:
+                kw[k] = bool(int(v)) if isinstance(kw.get(k), bool) else int(v)
         return lambda: fn[grid](*args, **kw)
 
-    names = list(variants) + list(overrides)
+    names = list(dict.fromkeys(list(variants) + list(overrides)))
     runs = {n: launcher(n) for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:  # compile and warm each once
@@ -148,7 +179,15 @@ def main() -> int:
     print(f"{a.system} {a.kernel} B={a.B} T={a.T} H={a.H} D={a.D} grid={base_grid}")
     for n in names:
         t = statistics.median(times[n])
-        print(f"  {n:40s} {t:.4f} ms  ({t - base:+.4f})")
+        kern = getattr(variants.get(n, variants["whole"]), "device_caches", None)
+        regs = ""
+        try:  # the compiled kernel's registers and spills (the function's last compile: shared by --set variants)
+            for cache in (kern or {}).values():
+                for ck in cache[0].values():
+                    regs = f"  registers {ck.n_regs}, spills {ck.n_spills}"
+        except (AttributeError, TypeError, IndexError):
+            regs = ""
+        print(f"  {n:40s} {t:.4f} ms  ({t - base:+.4f}){regs}")
     return 0
 
 
