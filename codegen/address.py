@@ -14,8 +14,10 @@ ROWS = "t0 + o_t"  # the chunk kernels' rows: first token of the chunk + offsets
 _SPLIT = re.compile(r"^(?P<base>[A-Za-z_]\w*) \+ (?P<local>.+)$")
 
 
-def row_offset(rows: str, heads: str, head: str, dim: str | None = None, cols: str | None = None) -> str:
-    """Offset of rows × (one head) [× cols] in a [T, heads(, dim)] buffer; [R] when `dim` is None, else [R, C].
+def row_offset(rows: str, heads: str, head: str, dim: str | None = None, cols: str | None = None,
+               transposed: bool = False) -> str:
+    """Offset of rows × (one head) [× cols] in a [T, heads(, dim)] buffer; [R] when `dim` is None, else [R, C]
+    ([C, R] when `transposed`: the tile's transpose, loaded as such).
 
     Written so that `ptr + row_offset(...)` adds the scalar part to the pointer first.
     """
@@ -24,10 +26,11 @@ def row_offset(rows: str, heads: str, head: str, dim: str | None = None, cols: s
         if m:
             return f"{m['base']} * {heads} + (({m['local']}) * {heads} + {head})"
         return f"{rows} * {heads} + {head}"
+    r, c = ("[None, :]", "[:, None]") if transposed else ("[:, None]", "[None, :]")
     if m:
-        return (f"{m['base']} * ({heads} * {dim}) + ((({m['local']})[:, None] * {heads} + {head}) * {dim} "
-                f"+ {cols}[None, :])")
-    return f"({rows}[:, None] * {heads} + {head}) * {dim} + {cols}[None, :]"
+        return (f"{m['base']} * ({heads} * {dim}) + ((({m['local']}){r} * {heads} + {head}) * {dim} "
+                f"+ {cols}{c})")
+    return f"({rows}{r} * {heads} + {head}) * {dim} + {cols}{c}"
 
 
 def partial_row(head: str, block: str, count: str) -> str:

@@ -36,7 +36,8 @@ BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
              ("curvature_query", "corr"): "corr_buf", ("curvature_query", "mq"): "mq_buf",
              ("interaction", "Sqa"): "s_buf", ("interaction", "Aqf"): "s_buf", ("interaction", "Aew"): "aew_buf",
              ("interaction", "Aqw"): "aqw_buf", ("interaction", "L"): "l_buf", ("triangular_solve", "Tm"): "t_buf",
-             ("wy", "W"): "w_buf", ("wy", "Ut"): "u_buf", ("decay_keys", "Kg"): "kg_buf", ("decay_keys", "Qg"): "qg_buf"}
+             ("wy", "W"): "w_buf", ("wy", "Ut"): "u_buf", ("decay_keys", "Kg"): "kg_buf", ("decay_keys", "Qg"): "qg_buf",
+             ("output", "Sc"): "s_buf"}
 # untied DPLR's two write streams: the erase stream's key F ⊙ e^{b_c − B} takes kg_buf (the state passes' first
 # stream), the write key's W ⊙ e^{b_c − B} its own
 UNTIED_BUFFER_OF = {("decay_keys", "Fg"): "kg_buf", ("decay_keys", "Kg"): "wg_buf"}

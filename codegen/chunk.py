@@ -94,6 +94,7 @@ from ..compiler.plan import (
     launch_of,
     precond_shares,
     residual_solve,
+    scores_kept,
     split_reverse_pass,
     stored_adjoints,
     tied_keys_of,
@@ -297,7 +298,7 @@ def launch_table(ir: IR, DK: int = 128, DV: int = 128) -> str:
 
     plan = build_plan(ir, BT, BC)
     bplan = build_backward_plan(plan) if supports_chunk_backward(ir)[0] else None
-    rerun = forward_launches(plan, rerun_kinds(plan, False)) if bplan else []
+    rerun = rerun_launches(plan, False) if bplan else []
     names = list(dict.fromkeys([la.name for la in forward_launches(plan)] + [la.name for la in rerun] +
                                [la.name for la in unfused_forward_launches(plan)] +
                                [la.name for la in inference_forward_launches(plan)]))
@@ -413,7 +414,17 @@ def rerun_kinds(plan: Plan, kept: bool) -> tuple[str, ...]:
     nothing) every stage but the output."""
     bplan = build_backward_plan(plan)
     assert bplan is not None
-    return bplan.recomputed if kept else tuple(k for k in plan.kinds() if k != "output")
+    if kept:
+        return bplan.recomputed
+    # nothing kept: every stage but the output, or with it where the backward reads its scores (then in a launch of
+    # its own, after the state pass, which stores H_n and U: rerun_launches)
+    return tuple(k for k in plan.kinds() if k != "output" or "output" in bplan.kept)
+
+
+def rerun_launches(plan: Plan, kept: bool) -> list[Launch]:
+    """The launches of the forward stages the backward reruns (rerun_kinds), each host alone: a state pass stores
+    H_n and U for the backward stages, so an output rerun with it takes its own launch."""
+    return forward_launches(plan, rerun_kinds(plan, kept), unfused=True)
 
 
 def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
@@ -448,8 +459,8 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     intra = next((st for st in bplan.stages if st.kind == "bwd_intra"), None)
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
                 cp_backward_launches=cp_bwd,
-                rerun_kept=forward_launches(plan, rerun_kinds(plan, True)),
-                rerun_all=forward_launches(plan, rerun_kinds(plan, False)), bwd_kept_buffers=kept,
+                rerun_kept=rerun_launches(plan, True),
+                rerun_all=rerun_launches(plan, False), bwd_kept_buffers=kept,
                 kept_states=kept_state_buffers(plan),
                 kept_states_bytes=kept_states_bytes(plan),
                 stored_parts=[p for p, a in _ADJOINT_OF_PART.items() if a in stored],
@@ -731,6 +742,8 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
+        # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept)
+        scores_kept=scores_kept(plan),
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),

@@ -737,15 +737,43 @@ def rule_output(b: _Builder) -> None:
         scores = ((f"{bind['Q']}*{k}", v),)
         inline = True
     fused = _output_in_state_pass(b)
+    outs = [b.new("o", "[B,T,HV,dv]", "in")]
+    if fused and _scores_kept(b):
+        outs.append(b.new("Sc", MATRIX, "in"))
     # Per call, on a GPU: with few sequences × value heads the fused kernel's state programs leave SMs idle while each
     # walks the output's c×c work chunk by chunk; there the output runs in a launch of its own, chunk-parallel, after
     # the state pass (which then stores H_n and U). H200, gdn at B = 1, T = 32768, H = 16 (run 79): the fused kernel
     # 1.47 ms (1.35 at BV 16) against the backward's rerun of the state pass alone, 0.64
-    b.add("output", "output", bind, [b.new("o", "[B,T,HV,dv]", "in")], family=b.family, decay=b.s.decay,
+    b.add("output", "output", bind, outs, family=b.family, decay=b.s.decay,
           scores=scores, inline_scores=inline, scale=b.ir.scale, subchunk=_subchunk(b) and inline,
           sub_chunk=b.sub_chunk, fused="state_pass" if fused else None,
+          stores_scores="Sc = tril(Q' A^T e^(b_i - b_j)), a training call's, for the reverse state pass"
+          if len(outs) > 1 else None,
           unfused_when="few sequences x value heads on a GPU (codegen/launch.py: few_state_programs)" if fused else None)
     b.outputs["o"] = b.op("o")  # type: ignore[assignment]
+
+
+def _scores_kept(b: _Builder) -> bool:
+    """Whether a training forward stores the output's masked, decayed scores Sc = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j}) (one
+    c×c matrix per chunk and head, in the input dtype: 128 B per token and head at c = 64, bf16) for the backward,
+    whose reverse state pass then forms the chunk-local share of dU itself, dU = scale Scᵀ dO + (A ⊙ e^{b_c − B})
+    dH_{n+1}: no bwd_local_values launch, and its fp32 dU_local never makes the round trip through HBM. The fused
+    kernel forms the scores in every value block anyway; its first value block stores them.
+
+    H100, gdn at B = 4, T = 4096, H = 16, dk = dv = 128 (run 122, benchmarks/kernel_sections.py --sub): the reverse
+    state pass with the scores loaded 0.271 ms against 0.300 with dU_local loaded, and bwd_local_values (0.128 ms)
+    gone; formed inside the reverse pass instead of loaded, 0.516 (136 KB of shared memory: one program per SM).
+
+    Where the output is fused into the state pass (scalar or no decay) of the tied family, with no route, read
+    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR)."""
+    s = b.s
+    return b.family == "tied" and s.route == "none" and s.read == "none" and s.precond == "none"
+
+
+def scores_kept(p: Plan) -> bool:
+    """The plan's decision (rule_output): a training forward stores the output's scores for the reverse state pass."""
+    out = p.find("output")
+    return bool(out) and out[0].attr("stores_scores") is not None
 
 
 def _output_in_state_pass(b: _Builder) -> bool:
@@ -923,7 +951,7 @@ def split_reverse_pass(p: Plan) -> bool:
 def _bwd_local_values(p: Plan) -> Stage | None:
     # The chunk-local share of dU needs no carried state: computed for all chunks at once, it leaves the
     # sequential reverse pass only the products with dH.
-    if split_reverse_pass(p):
+    if split_reverse_pass(p) or scores_kept(p):
         return None
     form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO"
     return Stage("bwd_local_values", "bwd_local_values", ("dO",), (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
@@ -948,14 +976,17 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
                      (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dS0", "[N,HV,dk,dv]", "fp32")),
                      (("form", form), ("reads", ("decay_keys.Qg",) if kg else ()), ("sequential", "chunks, reversed"),
                       ("key_blocks", "split")))
-    ins = ["dUl", "dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
+    local = scores_kept(p)  # the chunk-local share of dU from the forward's scores, in this pass
+    ins = ([] if local else ["dUl"]) + ["dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
     if untied:  # the write key's stream: its share of dV' sums over every key channel of dH
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
-        ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) if kg else ())
+        ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) if kg else ()) + \
+        (("output.Sc",) if local else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
+            "dU = scale Sc^T dO + (A e^(b_c-B)) dH_(n+1)" if local else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
         (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,
@@ -1408,7 +1439,9 @@ PEAK_PHASE = 1
 # pass (sequential over chunks with a dk × dv carry). H200, reference shape (benchmarks/latest.json, pgdn / pkda):
 # l2norm 0.065 ms, wy 0.085 / 0.122, interaction 0.136 / 0.698, precond_diag 0.33, state pass 0.42 / 0.34 (two calls).
 RECOMPUTE_COSTS = ("loads", "elementwise", "chunk_matmul", "chunk_solve", "scan", "state_pass")
-RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
+# (the output: its stored scores, formed again only with a state pass)
+RECOMPUTE_COST = {"output": "state_pass",
+                  "gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "elementwise", "decay_keys": "elementwise",
                   "wy": "chunk_matmul", "precond_exact": "chunk_matmul", "interaction": "chunk_solve",
                   "triangular_solve": "chunk_solve", "precond_diag": "scan", "precond_gram": "scan",
                   "curvature_state": "scan", "curvature_query": "chunk_matmul", "state_pass": "state_pass"}
@@ -1418,7 +1451,7 @@ RECOMPUTE_COST = {"gates": "loads", "l2norm": "elementwise", "chunk_cumsum": "el
 # passes; every other operand is read by the chunk gradients or later. Keyed by operand name (one the builder suffixed
 # with "_", to avoid a spec input's name, by its base). tests/test_plan_launch.py holds this against the operands of
 # the generated kernels.
-LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0}
+LAST_READ_PHASE = {"W": 0, "Ut": 0, "Kg": 0, "Qg": 0, "Fg": 0, "Sqa": 0, "Sc": 0}
 
 
 def last_read_phase(p: Plan, sts: list[Stage], read: set[str]) -> int:
@@ -1513,14 +1546,22 @@ MEMORY_RULES: tuple[Callable[[Plan, list[Stage], set[str], set[str]], str | None
 
 
 def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision, ...]:
-    """Per forward stage kind but the output, in the plan's order: keep or recompute, the kept operands and why."""
+    """Per forward stage kind, in the plan's order: keep or recompute, the kept operands and why. The output is a
+    result, not an operand of the backward, except for the scores a training forward stores (scores_kept)."""
     read = {r for st in stages for r in st.attr("reads", ())}
     reformed = {st.attr("reforms"): st.kind for st in stages if st.attr("reforms")}
     rerun: set[str] = set()
     out = []
-    for kind in dict.fromkeys(k for k in plan.kinds() if k != "output"):
+    for kind in dict.fromkeys(k for k in plan.kinds() if k != "output" or scores_kept(plan)):
         sts = plan.find(kind)
         kept: tuple[Operand, ...] = ()
+        if kind == "output":
+            kept = tuple(o for st in sts for o in st.outputs if f"{kind}.{o.name}" in read)
+            out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, False,
+                                      "state_pass: its scores, read only by the reverse state pass, which would form "
+                                      "them again in every value block: kept (compiler/plan.py: _scores_kept)",
+                                      max(LAST_READ_PHASE.get(o.name, PEAK_PHASE) for o in kept)))
+            continue
         if kind in reformed:
             # a backward stage forms its outputs again where they are read (after the peak): neither kept nor rerun
             out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, False,

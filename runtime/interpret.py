@@ -496,20 +496,24 @@ def run_output(st: Stage, ctx: _Ctx, vals: dict[str, Value]) -> dict[str, Value]
     sub = st.attr("sub_chunk") if st.attr("subchunk") else None
     scale = ctx.scale
     inline = st.attr("inline_scores")
-    pieces = []
+    pieces, scores = [], []
     for n, _, _, x in _chunks_of(ctx, vals, st, "Q", "b", "K0", "V0", "V1", "Qg"):
         Q, b = x["Q"], x["b"]
         assert Q is not None
         o = (x["Qg"] if x["Qg"] is not None else Q * _exp_or_one(b)) @ Hs[n]
         if inline:
             A = decayed_scores(Q, x["K0"], b, b, strict=False, sub_chunk=sub)  # type: ignore[arg-type]
+            scores.append(A)
             o = o + A @ x["V0"].expand(*A.shape[:-1], ctx.dv)  # type: ignore[union-attr]
         else:
             for i in range(len(st.attr("scores"))):
                 A = vals[st.role(f"M{i}")][n]  # type: ignore[index]
                 o = o + A @ x[f"V{i}"].expand(*A.shape[:-1], ctx.dv)  # type: ignore[union-attr]
         pieces.append(scale * o)
-    return {st.outputs[0].name: _unchunk(pieces)}
+    out: dict[str, Value] = {st.outputs[0].name: _unchunk(pieces)}
+    if st.attr("stores_scores"):  # the scores a training forward keeps for the reverse state pass (per chunk)
+        out[st.outputs[1].name] = scores
+    return out
 
 
 STAGE_IMPLS: dict[str, Callable[[Stage, _Ctx, dict[str, Value]], dict[str, Value]]] = {

@@ -485,7 +485,7 @@ def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, va
 # --- the backward plan ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", SPECS)
 def test_backward_plan(name):
-    from dgps.compiler.plan import build_backward_plan
+    from dgps.compiler.plan import build_backward_plan, scores_kept
 
     p = plan(name)
     bp = build_backward_plan(p)
@@ -502,8 +502,14 @@ def test_backward_plan(name):
     intra = ["bwd_scores", "bwd_intra"] if vector else ["bwd_solve"] if p.family == "tied" else []
     # the additive family without a route: the reverse pass carries dH alone, split over key blocks, and dU follows it
     split = p.family == "additive" and ir.route == "none"
-    first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_local_values", "bwd_state_pass"]
-    assert kinds[:3 + len(intra)] == [*first, *intra, "bwd_grads"]
+    # the scores a training forward stores (compiler/plan.py: scores_kept): the reverse pass forms dU's local share
+    local = scores_kept(p)
+    assert local == (p.family == "tied" and ir.decay.kind != "vector" and ir.route == "none" and
+                     ir.read.kind == "none" and ir.precond.kind == "none")
+    first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
+        ["bwd_local_values", "bwd_state_pass"]
+    assert kinds[:len(first) + 1 + len(intra)] == [*first, *intra, "bwd_grads"]
+    assert ("output.Sc" in bp.reads()) == local == ("output" in bp.kept)
     state = bp.stages[kinds.index("bwd_state_pass")]
     assert (state.attr("key_blocks") == "split") == split and ("dU" in state.output_names) != split
     assert (p.stage("state_pass").attr("key_blocks") is not None) == split
@@ -530,7 +536,8 @@ def test_backward_plan(name):
     grads = [o.name for st in bp.stages for o in st.outputs if o.name.startswith("grad_")]
     assert sorted(grads) == sorted(f"grad_{d.name}" for d in kernel_ir(ir).inputs)  # each gradient from exactly one stage
     # the elementwise chain rule where the adjoints are formed: bwd_grads, and bwd_solve for the value side
-    fused = [o.name for st in bp.stages[2:3 + len(intra)] for o in st.outputs if o.name.startswith("grad_")]
+    fused = [o.name for st in bp.stages[len(first):len(first) + 1 + len(intra)] for o in st.outputs
+             if o.name.startswith("grad_")]
     assert sorted(fused) == sorted(f"grad_{n}" for n in done)
     if "bwd_solve" in kinds:
         solve = bp.stages[kinds.index("bwd_solve")]

@@ -114,9 +114,13 @@ def test_launches_are_the_plan(name: str) -> None:
         return
     bp = build_backward_plan(plan)
     assert bp is not None
-    # every forward stage but the output is kept, rerun, or formed again by a backward stage where it is read
+    # every forward stage but the output is kept, rerun, or formed again by a backward stage where it is read; the
+    # output is kept exactly where the plan stores its scores for the reverse state pass (compiler/plan.py: scores_kept)
     again = {m.kind for m in bp.memory if m.reformed_by}
-    assert set(bp.kept) | set(bp.recomputed) | again == {k for k in plan.kinds() if k != "output"}
+    keeps_scores = plan.stage("output").attr("stores_scores") is not None
+    assert set(bp.kept) | set(bp.recomputed) | again == {k for k in plan.kinds() if k != "output" or keeps_scores}
+    assert ("output" in bp.kept) == keeps_scores == ("bwd_local_values" not in bp.kinds() and
+                                                      "output.Sc" in bp.reads())
     assert all(bp.kinds().index(m.reformed_by) > 0 for m in bp.memory if m.reformed_by)
     assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
     out, kept = mod.chunk_forward_train(x)
@@ -136,8 +140,12 @@ def test_launches_are_the_plan(name: str) -> None:
     # the route is an output beside o: the forward stores it, the rerun (no output stage) does not
     if ir.route != "none":
         assert bufs["r_buf"].numel() > 1 and bbufs["r_buf"].numel() == 1
-    # without what the forward kept, the backward reruns the whole forward plan but the output
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == _want(plan, tuple(set(plan.kinds()) - {"output"})) + bwd
+    # without what the forward kept, the backward reruns the whole forward plan but the output (with it, in a launch
+    # of its own after the state pass, where the backward reads its scores)
+    rerun_all = _want(plan, tuple(set(plan.kinds()) - {"output"}))
+    if keeps_scores:
+        rerun_all += ["chunk_output_kernel"]
+    assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == rerun_all + bwd
     # keep_states (FLA's disable_recompute): the training forward runs the state pass in a launch of its own, which
     # stores H_n and U, and keeps both; the backward then reruns what it reruns otherwise but the state pass
     unfused = [k for w in want for k in (["chunk_state_pass_kernel", "chunk_output_kernel"]
