@@ -44,19 +44,19 @@ def _no_inference_wy(plan) -> Callable:  # noqa: ANN001
     return rule
 
 
-def _no_scores_kept(plan) -> Callable:  # noqa: ANN001
-    """The backward forms dU's local share in bwd_local_values from q and k, as before compiler/plan.py's
-    _scores_kept: the training forward stores no scores."""
+def _keep_scores(plan) -> Callable:  # noqa: ANN001
+    """A training forward stores the output's scores and the reverse state pass forms dU's local share from them
+    (compiler/plan.py: _scores_kept, off in the shipped plan: KEEP_SCORES)."""
     shipped = plan._scores_kept
 
     def rule(b) -> bool:  # noqa: ANN001
-        return False if b.ir.name.endswith("__no_scores_kept") else shipped(b)
+        return plan.scores_keepable(b) if b.ir.name.endswith("__keep_scores") else shipped(b)
     return rule
 
 
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
-           "no_scores_kept": ("_scores_kept", _no_scores_kept)}
+           "keep_scores": ("_scores_kept", _keep_scores)}
 
 
 def renamed(text: str, name: str, suffix: str) -> str:

@@ -753,6 +753,14 @@ def rule_output(b: _Builder) -> None:
     b.outputs["o"] = b.op("o")  # type: ignore[assignment]
 
 
+# Whether _scores_kept's form is on. Off until a GPU run has checked its gradients and timed the step: its kernels
+# are verified under the interpreter (tests/test_scores_kept.py) and compiled for sm_90, and run 122 timed its reverse
+# pass, but the twenty-seventh session had no device time left for run 123 (benchmarks/NOTES.md;
+# `bash benchmarks/runs/2026-12-06_run123.sh` measures it against the shipped form, benchmarks/plan_experiment.py
+# --patch keep_scores).
+KEEP_SCORES = False
+
+
 def _scores_kept(b: _Builder) -> bool:
     """Whether a training forward stores the output's masked, decayed scores Sc = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j}) (one
     c×c matrix per chunk and head, in the input dtype: 128 B per token and head at c = 64, bf16) for the backward,
@@ -765,7 +773,13 @@ def _scores_kept(b: _Builder) -> bool:
     gone; formed inside the reverse pass instead of loaded, 0.516 (136 KB of shared memory: one program per SM).
 
     Where the output is fused into the state pass (scalar or no decay) of the tied family, with no route, read
-    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR)."""
+    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR); only
+    while KEEP_SCORES is on."""
+    return KEEP_SCORES and scores_keepable(b)
+
+
+def scores_keepable(b: _Builder) -> bool:
+    """The structures _scores_kept's form serves (the output fused into the state pass is checked by the caller)."""
     s = b.s
     return b.family == "tied" and s.route == "none" and s.read == "none" and s.precond == "none"
 

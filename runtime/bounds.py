@@ -84,8 +84,9 @@ def checked_bounds() -> Iterator[Stats]:
 
     def check(ptrs, mask, what: str) -> None:  # noqa: ANN001
         stats.accesses += 1
-        addr = np.broadcast_to(ptrs.data, np.broadcast_shapes(ptrs.data.shape, mask.data.shape))
-        live = addr[np.broadcast_to(mask.data, addr.shape)]  # the builder's unmasked loads pass an all-true mask
+        m = mask.data if isinstance(mask, ti.TensorHandle) else np.asarray(mask)  # a block pointer's: an array
+        addr = np.broadcast_to(ptrs.data, np.broadcast_shapes(ptrs.data.shape, m.shape))
+        live = addr[np.broadcast_to(m, addr.shape)]  # the builder's unmasked loads pass an all-true mask
         if live.size == 0:
             return
         size = ptrs.get_element_ty().primitive_bitwidth // 8
@@ -111,6 +112,26 @@ def checked_bounds() -> Iterator[Stats]:
     def masked_store(self, ptrs, value, mask, *rest):  # noqa: ANN001, ANN202
         check(ptrs, mask, "store")
         return saved["create_masked_store"](self, ptrs, value, mask, *rest)
+
+    def block_pointer(method):  # noqa: ANN001, ANN202
+        """A load or store through a block pointer (tl.make_block_ptr): the addresses the interpreter materialises
+        from the pointer's base carry the base's extent, so that masked_load / masked_store check them against it."""
+        @functools.wraps(method)
+        def wrapped(self, ptr, *args, **kwargs):  # noqa: ANN001, ANN202
+            materialize = ptr.materialize_pointers
+
+            def with_extent(boundary_check):  # noqa: ANN001, ANN202
+                ptrs, masks = materialize(boundary_check)
+                if "dgps_extent" in ptr.base.attr:
+                    ptrs.attr = {**ptrs.attr, "dgps_extent": ptr.base.attr["dgps_extent"]}
+                return ptrs, masks
+
+            ptr.materialize_pointers = with_extent
+            try:
+                return method(self, ptr, *args, **kwargs)
+            finally:
+                del ptr.materialize_pointers
+        return wrapped
 
     def set_grid_idx(self, x, y, z):  # noqa: ANN001, ANN202
         state["program"] = (x, y, z)
@@ -140,6 +161,8 @@ def checked_bounds() -> Iterator[Stats]:
                 setattr(builder, name, carry(method))
         builder.create_masked_load = masked_load
         builder.create_masked_store = masked_store
+        for name in ("create_tensor_pointer_load", "create_tensor_pointer_store"):
+            setattr(builder, name, block_pointer(saved[name]))
         builder.set_grid_idx = set_grid_idx
         ti.GridExecutor.__call__ = grid_call
         ti._implicit_cvt = implicit_cvt

@@ -485,7 +485,7 @@ def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, va
 # --- the backward plan ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", SPECS)
 def test_backward_plan(name):
-    from dgps.compiler.plan import build_backward_plan, scores_kept
+    from dgps.compiler.plan import KEEP_SCORES, build_backward_plan, scores_kept
 
     p = plan(name)
     bp = build_backward_plan(p)
@@ -504,7 +504,7 @@ def test_backward_plan(name):
     split = p.family == "additive" and ir.route == "none"
     # the scores a training forward stores (compiler/plan.py: scores_kept): the reverse pass forms dU's local share
     local = scores_kept(p)
-    assert local == (p.family == "tied" and ir.decay.kind != "vector" and ir.route == "none" and
+    assert local == (KEEP_SCORES and p.family == "tied" and ir.decay.kind != "vector" and ir.route == "none" and
                      ir.read.kind == "none" and ir.precond.kind == "none")
     first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
         ["bwd_local_values", "bwd_state_pass"]

@@ -1,0 +1,106 @@
+"""The output's scores kept for the reverse state pass (compiler/plan.py: _scores_kept; off in the shipped plan,
+KEEP_SCORES, until a GPU run checks and times it): a training forward stores Sc = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j}) and the
+reverse state pass forms dU's chunk-local share from it, with no bwd_local_values launch. Under the interpreter, with
+the constant on: the plan and the launches say so, and o, the final state and every gradient match the float64
+reference whichever kernel stores the scores (the fused state pass + output, the unfused output for few programs or
+keep_states, the backward's rerun without kept buffers)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import dgps  # noqa: E402
+import dgps.compiler.plan as plan_mod  # noqa: E402
+from dgps.codegen.buffers import kept_buffers  # noqa: E402
+from dgps.compiler.plan import build_backward_plan, build_plan, scores_kept  # noqa: E402
+from dgps.runtime.compile import load_chunk  # noqa: E402
+from dgps.runtime.reference import random_states  # noqa: E402
+from dgps.runtime.tensors import Dims  # noqa: E402
+
+SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+
+
+@pytest.fixture
+def keep_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_mod, "KEEP_SCORES", True)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def test_off_in_the_shipped_plan() -> None:
+    assert not plan_mod.KEEP_SCORES
+    assert not scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
+
+
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "gdn_fused_gate", "longhorn", "ccq_gdn", "cler_h_gdn", "pgdn"])
+def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
+    p = build_plan(dgps.load(SPEC_DIR / f"{name}.dgps").ir, 64, 16)
+    bp = build_backward_plan(p)
+    assert bp is not None
+    want = name in ("gdn", "deltanet", "gdn_fused_gate", "longhorn")  # no route, read correction or preconditioner
+    assert scores_kept(p) == want
+    assert ("output" in bp.kept) == ("output.Sc" in bp.reads()) == ("bwd_local_values" not in bp.kinds()) == want
+    if want:
+        assert [o.name for o in p.stage("output").outputs] == ["o", "Sc"]
+        assert kept_buffers(p, ("output",)) == ["s_buf"]
+        assert next(m for m in bp.memory if m.kind == "output").kept_bytes == 128
+
+
+def _launched(mod, fn) -> list[str]:  # noqa: ANN001
+    names: list[str] = []
+    launch = mod._Run.launch
+
+    def record(self, kernels):  # noqa: ANN001, ANN202
+        names.extend(k[1].__name__ for k in kernels)
+        return launch(self, kernels)
+
+    mod._Run.launch = record
+    try:
+        fn()
+    finally:
+        mod._Run.launch = launch
+    return names
+
+
+@pytest.mark.parametrize("name", ["gdn", "deltanet"])
+@pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen"])
+def test_gradients_against_the_reference(name: str, form: str, keep_scores: None,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    mod = load_chunk(rec.ir)
+    assert "chunk_bwd_local_values_kernel" not in mod._KERNEL_ARGS and "s_buf" in mod._KEPT_BUFFERS
+    monkeypatch.setattr(mod, "FUSE_OUTPUT", form != "unfused")
+    B, T, H, D = (1, 150, 2, 16) if form == "varlen" else (2, 90, 2, 16)
+    x = rec.random_inputs(B, T, H, D, D, HV=H, dtype=torch.float32, seed=3)
+    cu = torch.tensor([0, 37, 101, 150], dtype=torch.int32) if form == "varlen" else None
+    N = 3 if cu is not None else B
+    s0 = {n: s.float() for n, s in random_states(rec.ir, Dims(B, T, H, H, D, D), N, seed=3).items()}
+    do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(4))
+    if form == "no_kept":
+        kept = None
+        fwd = mod.chunk_forward(x, initial_state=s0, output_final_state=True)
+    else:
+        fwd, kept = mod.chunk_forward_train(x, initial_state=s0, cu_seqlens=cu, keep_states=form == "keep_states")
+    grads: list = []
+    names = _launched(mod, lambda: grads.append(mod.chunk_backward(x, initial_state=s0, do=do, kept=kept,
+                                                                    cu_seqlens=cu)[0]))
+    gx = grads[0]
+    assert "chunk_bwd_local_values_kernel" not in names and "chunk_bwd_state_kernel" in names
+    if form == "no_kept":  # the rerun forms the scores again: the output after the state pass
+        assert names.index("chunk_output_kernel") == names.index("chunk_state_pass_kernel") + 1
+    x64 = {n: t.double().requires_grad_(True) for n, t in x.items()}
+    ref = rec.reference(**x64, initial_state={n: s.double() for n, s in s0.items()}, output_final_state=True,
+                        cu_seqlens=cu)
+    (ref.o * do.double()).sum().backward()
+    assert _rel(fwd.o, ref.o) < 1e-4
+    for n, t in x64.items():
+        assert _rel(gx[n], t.grad) < 1e-4, (n, _rel(gx[n], t.grad))
