@@ -45,12 +45,26 @@ def _no_inference_wy(plan) -> Callable:  # noqa: ANN001
 
 
 def _keep_scores(plan) -> Callable:  # noqa: ANN001
-    """A training forward stores the output's scores and the reverse state pass forms dU's local share from them
-    (compiler/plan.py: _scores_kept, off in the shipped plan: KEEP_SCORES)."""
-    shipped = plan._scores_kept
+    """The reverse state pass forms dU's local share from stored scores: a training forward stores the output's
+    (compiler/plan.py: _scores_kept), per-channel decay reads the interaction's Q⋆A (scores_in_reverse_pass); both off
+    in the shipped plan (KEEP_SCORES). Patches _scores_kept and, for the vector family, KEEP_SCORES inside
+    scores_in_reverse_pass for the renamed spec only."""
+    shipped, shipped_reverse = plan._scores_kept, plan.scores_in_reverse_pass
 
     def rule(b) -> bool:  # noqa: ANN001
         return plan.scores_keepable(b) if b.ir.name.endswith("__keep_scores") else shipped(b)
+
+    def reverse(p):  # noqa: ANN001, ANN202
+        if not p.name.endswith("__keep_scores") or plan.KEEP_SCORES:
+            return shipped_reverse(p)
+        plan.KEEP_SCORES = True
+        try:
+            return shipped_reverse(p)
+        finally:
+            plan.KEEP_SCORES = False
+    import dgps.codegen.chunk as codegen_chunk
+
+    plan.scores_in_reverse_pass = codegen_chunk.scores_in_reverse_pass = reverse  # the plan's rules and codegen's
     return rule
 
 

@@ -94,6 +94,7 @@ from ..compiler.plan import (
     launch_of,
     precond_shares,
     residual_solve,
+    scores_in_reverse_pass,
     scores_kept,
     split_reverse_pass,
     stored_adjoints,
@@ -742,8 +743,10 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
-        # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept)
+        # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept);
+        # the reverse pass forms dU's local share from stored scores in s_buf (scores_in_reverse_pass)
         scores_kept=scores_kept(plan),
+        scores_in_reverse_pass=scores_in_reverse_pass(plan) is not None,
         pdn=ir.precond.kind == "diag",
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),

@@ -790,6 +790,22 @@ def scores_kept(p: Plan) -> bool:
     return bool(out) and out[0].attr("stores_scores") is not None
 
 
+def scores_in_reverse_pass(p: Plan) -> str | None:
+    """The stored scores ("stage.operand") from which the reverse state pass forms dU's chunk-local share itself, or
+    None (bwd_local_values forms it, chunk-parallel, and dU_local makes an fp32 round trip to the reverse pass): the
+    output's Sc where the plan keeps them (scores_kept), or, with per-channel decay in the tied family, the Q⋆A the
+    interaction stores for the output (Sqa, kept for the chunk gradients anyway) — the same loaded tile and product
+    bwd_local_values has, moved into the pass; only while KEEP_SCORES is on (the run that checks one checks both).
+    Not the untied family (its scores are Q⋆F and Q⋆W), the residual route (dR's terms) or a read correction."""
+    if scores_kept(p):
+        return "output.Sc"
+    s = p.structure
+    if KEEP_SCORES and p.family == "tied" and s.decay == "vector" and s.route == "none" and s.read == "none" and \
+            p.find("interaction") and "Sqa" in p.stage("interaction").output_names:
+        return "interaction.Sqa"
+    return None
+
+
 def _output_in_state_pass(b: _Builder) -> bool:
     """Whether the output runs inside the state pass's launch (one program per sequence, value head and BV value
     columns, sequential over chunks): H_n then never leaves registers in the forward, and U is not stored; the
@@ -965,7 +981,7 @@ def split_reverse_pass(p: Plan) -> bool:
 def _bwd_local_values(p: Plan) -> Stage | None:
     # The chunk-local share of dU needs no carried state: computed for all chunks at once, it leaves the
     # sequential reverse pass only the products with dH.
-    if split_reverse_pass(p) or scores_kept(p):
+    if split_reverse_pass(p) or scores_in_reverse_pass(p):
         return None
     form = "dU_local = scale (Q'*" + ("F" if p.family == "untied" else "A") + ")^T dO"
     return Stage("bwd_local_values", "bwd_local_values", ("dO",), (Operand("dUl", "[B,T,HV,dv]", "fp32"),),
@@ -990,7 +1006,7 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
                      (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dS0", "[N,HV,dk,dv]", "fp32")),
                      (("form", form), ("reads", ("decay_keys.Qg",) if kg else ()), ("sequential", "chunks, reversed"),
                       ("key_blocks", "split")))
-    local = scores_kept(p)  # the chunk-local share of dU from the forward's scores, in this pass
+    local = scores_in_reverse_pass(p)  # the chunk-local share of dU from stored scores, in this pass
     ins = ([] if local else ["dUl"]) + ["dO", "dS_final"] + (["dR"] if p.structure.route != "none" else [])
     outs = (Operand("dHn1", "[B,NT,HV,dk,dv]", "in"), Operand("dU", "[B,T,HV,dv]", "in"),
             Operand("dS0", "[N,HV,dk,dv]", "fp32"))
@@ -998,9 +1014,9 @@ def _bwd_state_pass(p: Plan) -> Stage | None:
         outs += (Operand("dVs", "[B,T,HV,dv]", "fp32"),)
     reads = ("state_pass.Hn",) + (("wy.W",) if p.family != "additive" else ()) + \
         ((("decay_keys.Fg", "decay_keys.Kg") if untied else kg) + ("decay_keys.Qg",) if kg else ()) + \
-        (("output.Sc",) if local else ())
+        ((local,) if local else ())
     form = ("dU = dU_local + (F e^(b_c-B)) dH_(n+1); dV_state = (W e^(b_c-B)) dH_(n+1)" if untied else
-            "dU = scale Sc^T dO + (A e^(b_c-B)) dH_(n+1)" if local else
+            f"dU = scale {local.split('.')[1]}^T dO + (A e^(b_c-B)) dH_(n+1)" if local else
             "dU = dU_local + (A e^(b_c-B)) dH_(n+1)") + "; dH_n = e^(b_c) dH_(n+1) + scale (Q' e^B)^T dO" + \
         (" - W^T (beta dU + dR)" if residual_solve(p) else " - W^T dU" if p.family != "additive" else "")
     return Stage("bwd_state_pass", "bwd_state_pass", tuple(ins), outs,

@@ -1,9 +1,10 @@
-"""The output's scores kept for the reverse state pass (compiler/plan.py: _scores_kept; off in the shipped plan,
-KEEP_SCORES, until a GPU run checks and times it): a training forward stores Sc = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j}) and the
-reverse state pass forms dU's chunk-local share from it, with no bwd_local_values launch. Under the interpreter, with
-the constant on: the plan and the launches say so, and o, the final state and every gradient match the float64
-reference whichever kernel stores the scores (the fused state pass + output, the unfused output for few programs or
-keep_states, the backward's rerun without kept buffers)."""
+"""Stored scores read by the reverse state pass (compiler/plan.py: scores_in_reverse_pass; off in the shipped plan,
+KEEP_SCORES, until a GPU run checks and times it): a training forward stores the output's Sc = tril(Q̂ Aᵀ ⊙ e^{b_i −
+b_j}) (scalar or no decay: _scores_kept), or per-channel decay's interaction has stored Q⋆A already, and the reverse
+state pass forms dU's chunk-local share from them, with no bwd_local_values launch. Under the interpreter, with the
+constant on: the plan and the launches say so, and o and every gradient match the float64 reference whichever kernel
+stores the scores (the fused state pass + output, the unfused output for few programs or keep_states, the backward's
+rerun without kept buffers; the interaction for kda)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 import dgps  # noqa: E402
 import dgps.compiler.plan as plan_mod  # noqa: E402
 from dgps.codegen.buffers import kept_buffers  # noqa: E402
-from dgps.compiler.plan import build_backward_plan, build_plan, scores_kept  # noqa: E402
+from dgps.compiler.plan import build_backward_plan, build_plan, scores_in_reverse_pass, scores_kept  # noqa: E402
 from dgps.runtime.compile import load_chunk  # noqa: E402
 from dgps.runtime.reference import random_states  # noqa: E402
 from dgps.runtime.tensors import Dims  # noqa: E402
@@ -41,18 +42,29 @@ def test_off_in_the_shipped_plan() -> None:
     assert not scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet", "gdn_fused_gate", "longhorn", "ccq_gdn", "cler_h_gdn", "pgdn"])
+# spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
+# pass with no route, read correction or preconditioner; the interaction's Q⋆A with per-channel decay (tied family)
+SOURCES = {"gdn": "output.Sc", "deltanet": "output.Sc", "gdn_fused_gate": "output.Sc", "longhorn": "output.Sc",
+           "ccq_gdn": None, "cler_h_gdn": None, "pgdn": None, "kda": "interaction.Sqa", "gdn2": "interaction.Sqa",
+           "pkda": "interaction.Sqa", "cler_h_kda": None, "clvr_kda": None, "gla": None, "rwkv7_dplr": None}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
 def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
     p = build_plan(dgps.load(SPEC_DIR / f"{name}.dgps").ir, 64, 16)
     bp = build_backward_plan(p)
     assert bp is not None
-    want = name in ("gdn", "deltanet", "gdn_fused_gate", "longhorn")  # no route, read correction or preconditioner
-    assert scores_kept(p) == want
-    assert ("output" in bp.kept) == ("output.Sc" in bp.reads()) == ("bwd_local_values" not in bp.kinds()) == want
-    if want:
+    source = SOURCES[name]
+    assert scores_in_reverse_pass(p) == source
+    assert scores_kept(p) == (source == "output.Sc") == ("output" in bp.kept)
+    assert (source is not None and source in bp.reads()) == ("bwd_local_values" not in bp.kinds()) == \
+        (source is not None)
+    if source == "output.Sc":
         assert [o.name for o in p.stage("output").outputs] == ["o", "Sc"]
         assert kept_buffers(p, ("output",)) == ["s_buf"]
         assert next(m for m in bp.memory if m.kind == "output").kept_bytes == 128
+    if source == "interaction.Sqa":  # kept for the chunk gradients already: nothing more held
+        assert "s_buf" in kept_buffers(p, ("interaction",))
 
 
 def _launched(mod, fn) -> list[str]:  # noqa: ANN001
@@ -71,14 +83,15 @@ def _launched(mod, fn) -> list[str]:  # noqa: ANN001
     return names
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet"])
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda"])
 @pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen"])
 def test_gradients_against_the_reference(name: str, form: str, keep_scores: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
     assert "chunk_bwd_local_values_kernel" not in mod._KERNEL_ARGS and "s_buf" in mod._KEPT_BUFFERS
-    monkeypatch.setattr(mod, "FUSE_OUTPUT", form != "unfused")
+    if hasattr(mod, "FUSE_OUTPUT"):  # the fused state pass + output (scalar or no decay)
+        monkeypatch.setattr(mod, "FUSE_OUTPUT", form != "unfused")
     B, T, H, D = (1, 150, 2, 16) if form == "varlen" else (2, 90, 2, 16)
     x = rec.random_inputs(B, T, H, D, D, HV=H, dtype=torch.float32, seed=3)
     cu = torch.tensor([0, 37, 101, 150], dtype=torch.int32) if form == "varlen" else None
@@ -95,7 +108,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
                                                                     cu_seqlens=cu)[0]))
     gx = grads[0]
     assert "chunk_bwd_local_values_kernel" not in names and "chunk_bwd_state_kernel" in names
-    if form == "no_kept":  # the rerun forms the scores again: the output after the state pass
+    if form == "no_kept" and name != "kda":  # the rerun forms the scores again: the output after the state pass
         assert names.index("chunk_output_kernel") == names.index("chunk_state_pass_kernel") + 1
     x64 = {n: t.double().requires_grad_(True) for n, t in x.items()}
     ref = rec.reference(**x64, initial_state={n: s.double() for n, s in s0.items()}, output_final_state=True,

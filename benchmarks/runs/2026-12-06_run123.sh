@@ -6,7 +6,7 @@
 . benchmarks/device_env.sh
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 220 python3 benchmarks/plan_experiment.py gdn deltanet --patch keep_scores --keep-states \
+timeout 300 python3 benchmarks/plan_experiment.py gdn deltanet kda --patch keep_scores --keep-states \
   --check-shape 4 300 8 128 --check-dtypes bf16 --reps 5 --json "$OUT/run123_ref.json"
 timeout 90 python3 benchmarks/plan_experiment.py gdn --patch keep_scores --check-dtypes \
   --shape 1 32768 16 128 --reps 3 --json "$OUT/run123_32k.json"
