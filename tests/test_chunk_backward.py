@@ -294,8 +294,9 @@ def test_vector_decay_backward_hypothesis(name: str, T: int, G: int, dk: int, cu
 
 
 # untied DPLR: rwkv7_dplr's erase reads the undecayed state (rows decay with b_{t-1}); tests/dplr_decayed.dgps the
-# decayed one (b_t); tests/dplr_gained.dgps the decayed one with a write gain (v' = β v)
-UNTIED = ["rwkv7_dplr", "dplr_decayed", "dplr_gained", "dplr_tied"]  # and the tied DPLR (f = k): E = −e, Z = β v
+# decayed one (b_t); tests/dplr_gained.dgps the decayed one with a write gain (v' = β v), tests/dplr_gain_constant.dgps
+# with a constant one (v' = 0.5 v)
+UNTIED = ["rwkv7_dplr", "dplr_decayed", "dplr_gained", "dplr_gain_constant", "dplr_tied"]  # and the tied DPLR (f = k)
 
 
 @pytest.mark.parametrize("layout", [{"HV": 4}, {"varlen": True}, {}], ids=["gva", "varlen", "plain"])
