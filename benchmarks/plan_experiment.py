@@ -22,26 +22,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+def _for_renamed(shipped: Callable, suffix: str, replacement: Callable) -> Callable:
+    """The plan rule `shipped`, answered by `replacement` for the spec renamed `<name>__<suffix>` alone."""
+    def rule(b) -> bool:  # noqa: ANN001
+        return replacement(b) if b.ir.name.endswith(f"__{suffix}") else shipped(b)
+    return rule
+
+
 def _fuse_output(plan) -> Callable:  # noqa: ANN001
     """The output inside the state pass for every scalar- or no-decay tied/additive spec, fp32 k̃ or q̂ included
     (compiler/plan.py: _output_in_state_pass excludes them after run 40's NaN under Triton 3.6)."""
-    shipped = plan._output_in_state_pass
-
-    def rule(b) -> bool:  # noqa: ANN001
-        if b.ir.name.endswith("__fuse_output"):
-            return b.s.decay != "vector" and b.family != "untied"
-        return shipped(b)
-    return rule
+    return _for_renamed(plan._output_in_state_pass, "fuse_output",
+                        lambda b: b.s.decay != "vector" and b.family != "untied")
 
 
 def _no_inference_wy(plan) -> Callable:  # noqa: ANN001
     """An inference call launches wy before the fused state pass + output, as a training forward does (the plan
     before compiler/plan.py's _wy_in_inference_state_pass)."""
-    shipped = plan._wy_in_inference_state_pass
-
-    def rule(b) -> bool:  # noqa: ANN001
-        return False if b.ir.name.endswith("__no_inference_wy") else shipped(b)
-    return rule
+    return _for_renamed(plan._wy_in_inference_state_pass, "no_inference_wy", lambda b: False)
 
 
 def _keep_scores(plan) -> Callable:  # noqa: ANN001
@@ -49,10 +47,7 @@ def _keep_scores(plan) -> Callable:  # noqa: ANN001
     (compiler/plan.py: _scores_kept), per-channel decay reads the interaction's Q⋆A (scores_in_reverse_pass); both off
     in the shipped plan (KEEP_SCORES). Patches _scores_kept and, for the vector family, KEEP_SCORES inside
     scores_in_reverse_pass for the renamed spec only."""
-    shipped, shipped_reverse = plan._scores_kept, plan.scores_in_reverse_pass
-
-    def rule(b) -> bool:  # noqa: ANN001
-        return plan.scores_keepable(b) if b.ir.name.endswith("__keep_scores") else shipped(b)
+    shipped_reverse = plan.scores_in_reverse_pass
 
     def reverse(p):  # noqa: ANN001, ANN202
         if not p.name.endswith("__keep_scores") or plan.KEEP_SCORES:
@@ -65,7 +60,7 @@ def _keep_scores(plan) -> Callable:  # noqa: ANN001
     import dgps.codegen.chunk as codegen_chunk
 
     plan.scores_in_reverse_pass = codegen_chunk.scores_in_reverse_pass = reverse  # the plan's rules and codegen's
-    return rule
+    return _for_renamed(plan._scores_kept, "keep_scores", plan.scores_keepable)
 
 
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),

@@ -5,8 +5,11 @@ TRITON_INTERPRET must be set before triton is first imported, so this runs at co
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -60,3 +63,35 @@ def _speed_up_interpreter() -> None:
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     _speed_up_interpreter()
+
+
+def record_launches(mod, fn: Callable[[], object], bufs: dict | None = None, *, run: bool = True) -> list[str]:  # noqa: ANN001
+    """The kernel names `fn` launches through `mod`, in order; `bufs` (if given) gathers the buffers each launch
+    allocated; `run=False` records without running the kernels (the launch list alone, no outputs)."""
+    names: list[str] = []
+    launch = mod._Run.launch
+
+    def record(self, kernels):  # noqa: ANN001, ANN202
+        names.extend(k[1].__name__ for k in kernels)
+        if bufs is not None:
+            bufs.update(self.bufs)
+        return launch(self, kernels) if run else None
+
+    mod._Run.launch = record
+    try:
+        fn()
+    finally:
+        mod._Run.launch = launch
+    return names
+
+
+@pytest.fixture
+def launched() -> Callable:
+    """record_launches: the kernels a call launches through a generated chunk module."""
+    return record_launches
+
+
+@pytest.fixture
+def launch_list() -> Callable:
+    """record_launches without running the kernels: the launch list (and buffers) alone, no outputs."""
+    return functools.partial(record_launches, run=False)

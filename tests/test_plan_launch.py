@@ -13,6 +13,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -73,25 +74,8 @@ def _want_inference(plan) -> list[str]:  # noqa: ANN001
             if k != "chunk_wy_kernel"]
 
 
-def _launched(mod, fn, bufs=None) -> list[str]:  # noqa: ANN001
-    names: list[str] = []
-    launch = mod._Run.launch
-
-    def record(self, kernels):  # noqa: ANN001, ANN202
-        names.extend(k[1].__name__ for k in kernels)
-        if bufs is not None:
-            bufs.update(self.bufs)
-
-    mod._Run.launch = record
-    try:
-        fn()
-    finally:
-        mod._Run.launch = launch
-    return names
-
-
 @pytest.mark.parametrize("name", CHUNK)
-def test_launches_are_the_plan(name: str) -> None:
+def test_launches_are_the_plan(name: str, launch_list: Callable) -> None:
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     ir = rec.ir
     plan = build_plan(ir, 64, 16)
@@ -100,7 +84,7 @@ def test_launches_are_the_plan(name: str) -> None:
     want = _want(plan)
     bufs: dict = {}
     inference = _want_inference(plan)
-    assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == inference
+    assert launch_list(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == inference
     # with the output in the state pass's launch, H_n and U stay in registers: the host allocates neither
     fused = plan.stage("output").attr("fused") == "state_pass"
     assert (bufs["h_buf"].numel() == 1 and bufs["vn_buf"].numel() == 1) == fused
@@ -122,7 +106,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert ("output" in bp.kept) == keeps_scores == ("bwd_local_values" not in bp.kinds() and
                                                       "output.Sc" in bp.reads())
     assert all(bp.kinds().index(m.reformed_by) > 0 for m in bp.memory if m.reformed_by)
-    assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
+    assert launch_list(mod, lambda: mod.chunk_forward_train(x)) == want
     out, kept = mod.chunk_forward_train(x)
     assert list(mod._KEPT_BUFFERS) == kept_buffers(plan, bp.kept)
     assert len(kept) == len(mod._KEPT_BUFFERS)
@@ -133,7 +117,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert "chunk_state_pass_kernel" in rerun
     bwd = [BWD_KERNEL[k] for k in bp.kinds()]
     bbufs: dict = {}
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept), bbufs) == rerun + bwd
+    assert launch_list(mod, lambda: mod.chunk_backward(x, do=do, kept=kept), bbufs) == rerun + bwd
     # the rerun stores U exactly where the plan's state pass outputs it (the additive family's U = β Z is formed on
     # its consumers' loads)
     assert ("vn_buf" in bbufs and bbufs["vn_buf"].numel() > 1) == ("U" in plan.stage("state_pass").output_names)
@@ -145,13 +129,13 @@ def test_launches_are_the_plan(name: str) -> None:
     rerun_all = _want(plan, tuple(set(plan.kinds()) - {"output"}))
     if keeps_scores:
         rerun_all += ["chunk_output_kernel"]
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do)) == rerun_all + bwd
+    assert launch_list(mod, lambda: mod.chunk_backward(x, do=do)) == rerun_all + bwd
     # keep_states (FLA's disable_recompute): the training forward runs the state pass in a launch of its own, which
     # stores H_n and U, and keeps both; the backward then reruns what it reruns otherwise but the state pass
     unfused = [k for w in want for k in (["chunk_state_pass_kernel", "chunk_output_kernel"]
                                          if w == "chunk_state_output_kernel" else [w])]
     sbufs: dict = {}
-    assert _launched(mod, lambda: mod.chunk_forward_train(x, keep_states=True), sbufs) == unfused
+    assert launch_list(mod, lambda: mod.chunk_forward_train(x, keep_states=True), sbufs) == unfused
     stores_u = "U" in plan.stage("state_pass").output_names
     assert set(mod._KEPT_STATES) == ({"h_buf", "vn_buf"} if stores_u else {"h_buf"})
     _, kept_s = mod.chunk_forward_train(x, keep_states=True)
@@ -159,7 +143,7 @@ def test_launches_are_the_plan(name: str) -> None:
     assert [t.shape for t in kept_s[len(mod._KEPT_BUFFERS):]] == [sbufs[n].shape for n in mod._KEPT_STATES]
     kept_states = kept_s[len(mod._KEPT_BUFFERS):]
     sbbufs: dict = {}
-    assert _launched(mod, lambda: mod.chunk_backward(x, do=do, kept=kept_s), sbbufs) == \
+    assert launch_list(mod, lambda: mod.chunk_backward(x, do=do, kept=kept_s), sbbufs) == \
         [k for k in rerun if k != "chunk_state_pass_kernel"] + bwd
     # the backward reads the forward's own
     assert all(sbbufs[n] is t for n, t in zip(mod._KEPT_STATES, kept_states, strict=True))
@@ -171,7 +155,7 @@ _RERUN_BUFFERS = {"decay_keys": ("kg_buf", "qg_buf", "wg_buf"), "state_pass": ("
 
 @pytest.mark.parametrize("name", [s for s in CHUNK if build_plan(dgps.load(SPEC_DIR / f"{s}.dgps").ir, 64, 16)
                                   .stage("output").attr("unfused_when")])
-def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch, launch_list: Callable) -> None:
     """The plan's output fused into the state pass for some calls only (`unfused_when`): the interpreter keeps the
     fused form; few sequences × value heads on a GPU, or FUSE_OUTPUT forced off, launch the state pass then the output,
     and only then does the host allocate H_n (and U, which the delta families' state pass forms). The backward reruns
@@ -191,7 +175,7 @@ def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> No
     for force, want in ((None, fused), (False, unfused), (True, fused)):
         monkeypatch.setattr(mod, "FUSE_OUTPUT", force)
         bufs: dict = {}
-        assert _launched(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == \
+        assert launch_list(mod, lambda: mod.chunk_forward(x, output_final_state=True), bufs) == \
             (inference if want == fused else unfused)
         assert (bufs["h_buf"].numel() > 1) == (want == unfused)
         # U only where the state pass forms it (the additive family's is β Z, formed on the output's loads)
@@ -200,7 +184,7 @@ def test_fused_output_per_call(name: str, monkeypatch: pytest.MonkeyPatch) -> No
         if plan.find("wy"):
             assert (bufs["w_buf"].numel() > 1) == (want == unfused or inference == fused)
         if supports_chunk_backward(rec.ir)[0]:
-            assert _launched(mod, lambda: mod.chunk_forward_train(x)) == want
+            assert launch_list(mod, lambda: mod.chunk_forward_train(x)) == want
 
 
 @pytest.mark.parametrize("name", CHUNK)
@@ -261,7 +245,7 @@ TEST_SPECS = ["dplr_gained", "dplr_decayed", "gain_constant", "reductions_everyt
 
 
 @pytest.mark.parametrize("name", CHUNK + TEST_SPECS)
-def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None:
+def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str, launch_list: Callable) -> None:
     """The host allocates no buffer (more than the one-element placeholder of an unused operand) that no launched
     kernel takes, forward or backward with its rerun: an allocation with no stage of the plan behind it is memory
     for nothing, and a sign that the host and the plan disagree. An inference forward writes no intermediate that
@@ -275,7 +259,7 @@ def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str) -> None
         calls["backward"] = lambda: mod.chunk_backward(x, do=torch.randn(1, 130, 2, 16))
     for label, call in calls.items():
         bufs: dict = {}
-        kernels = _launched(mod, call, bufs)
+        kernels = launch_list(mod, call, bufs)
         taken = set().union(*(mod._KERNEL_ARGS[k] for k in kernels))
         idle = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n not in taken)
         assert not idle, f"{name} {label}: allocated, taken by no launched kernel: {idle}"
@@ -339,7 +323,7 @@ CHUNK_BWD = [s for s in CHUNK + TEST_SPECS if supports_chunk_backward(dgps.load(
 
 
 @pytest.mark.parametrize("name", CHUNK_BWD)
-def test_backward_buffers_are_the_backward_plans_outputs(name: str) -> None:
+def test_backward_buffers_are_the_backward_plans_outputs(name: str, launch_list: Callable) -> None:
     """The backward's own buffers (the host's `make` table, which _launch_backward allocates from) are exactly the
     backward plan's stage outputs: one buffer per output (two where a later stage adds its share into an earlier
     one's), sized by the output's shape (a partial sum: one row of tokens per block of the stage's key channels) and of
@@ -363,7 +347,7 @@ def test_backward_buffers_are_the_backward_plans_outputs(name: str) -> None:
 
     mod._launch_backward = record
     try:
-        _launched(mod, lambda: mod.chunk_backward(x, do=torch.randn(B, T, HV, DV).to(torch.bfloat16)))
+        launch_list(mod, lambda: mod.chunk_backward(x, do=torch.randn(B, T, HV, DV).to(torch.bfloat16)))
     finally:
         mod._launch_backward = launch_backward
     make, run = seen["make"], seen["run"]

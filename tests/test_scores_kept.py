@@ -12,6 +12,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -67,25 +68,9 @@ def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
         assert "s_buf" in kept_buffers(p, ("interaction",))
 
 
-def _launched(mod, fn) -> list[str]:  # noqa: ANN001
-    names: list[str] = []
-    launch = mod._Run.launch
-
-    def record(self, kernels):  # noqa: ANN001, ANN202
-        names.extend(k[1].__name__ for k in kernels)
-        return launch(self, kernels)
-
-    mod._Run.launch = record
-    try:
-        fn()
-    finally:
-        mod._Run.launch = launch
-    return names
-
-
 @pytest.mark.parametrize("name", ["gdn", "deltanet", "kda"])
 @pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen"])
-def test_gradients_against_the_reference(name: str, form: str, keep_scores: None,
+def test_gradients_against_the_reference(name: str, form: str, keep_scores: None, launched: Callable,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
@@ -104,7 +89,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
     else:
         fwd, kept = mod.chunk_forward_train(x, initial_state=s0, cu_seqlens=cu, keep_states=form == "keep_states")
     grads: list = []
-    names = _launched(mod, lambda: grads.append(mod.chunk_backward(x, initial_state=s0, do=do, kept=kept,
+    names = launched(mod, lambda: grads.append(mod.chunk_backward(x, initial_state=s0, do=do, kept=kept,
                                                                     cu_seqlens=cu)[0]))
     gx = grads[0]
     assert "chunk_bwd_local_values_kernel" not in names and "chunk_bwd_state_kernel" in names
