@@ -410,6 +410,24 @@ def unfused_forward_launches(plan: Plan) -> list[Launch]:
     return forward_launches(plan, unfused=True)
 
 
+def unfused_form(plan: Plan) -> dict[str, list[str]]:
+    """Each fused launch a call may unfuse (the stage's `unfused_when`) -> the unfused launches that replace it, in
+    order: the state pass + output's host and guest, and the wy launch too where the inference kernel formed it."""
+    unfused = [la.name for la in unfused_forward_launches(plan)]
+    if not unfused:
+        return {}
+    out = {}
+    for (host, guest), fused in FUSED_RULES.items():
+        if fused in forward_launches(plan):
+            out[fused.name] = [n for n in unfused if n in (FORWARD_RULES[host].name, FORWARD_RULES[guest].name)]
+    for (host, guest), fused in INFERENCE_FUSED_RULES.items():
+        if fused in inference_forward_launches(plan):
+            out[fused.name] = [n for n in unfused if n in (FORWARD_RULES["wy"].name, FORWARD_RULES[host].name,
+                                                           FORWARD_RULES[guest].name)]
+    assert all(len(v) >= 2 for v in out.values()), (plan.name, out)
+    return out
+
+
 def rerun_kinds(plan: Plan, kept: bool) -> tuple[str, ...]:
     """The forward stage kinds the backward reruns: those it did not keep, or (`kept` False: the forward kept
     nothing) every stage but the output."""
@@ -811,7 +829,7 @@ def _context(ir: IR) -> dict:
     # alone, and reverse) hold one block of key rows per program (compiler/plan.py: rule_state_pass)
     ctx["split_keys"] = split_reverse_pass(plan)
     ctx.update(forward_launches=forward_launches(plan), unfused_forward_launches=unfused_forward_launches(plan),
-               inference_forward_launches=inference_forward_launches(plan),
+               inference_forward_launches=inference_forward_launches(plan), unfused_form=unfused_form(plan),
                token_buffer_code=allocation_code(token_buffers(plan)))
     # context parallelism: the launches of each forward phase of a slice (compiler/plan.py: cp_stages)
     cs = cp_stages(plan)

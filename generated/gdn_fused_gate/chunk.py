@@ -1528,6 +1528,9 @@ def _unfused_kernels():
     ]
 
 
+# a fused launch -> the unfused launches of the same stages, in order (codegen/chunk.py: unfused_form)
+_UNFUSED_FORM = {"state_output": ["state_pass", "output"], "state_output_wy": ["wy", "state_pass", "output"]}
+
 # DGPS_FUSE_OUTPUT=1 / 0: the output always / never inside the state pass's launch (tests, tuning); unset: per call
 FUSE_OUTPUT = {"1": True, "0": False}.get(os.environ.get("DGPS_FUSE_OUTPUT", ""))
 
@@ -1543,14 +1546,12 @@ def _fuse_output(n_state, DV, device):
 
 
 def _per_call(kernels, n_state, DV, device):
-    """`kernels` for this call: the fused state pass + output replaced by the two launches where _fuse_output says
-    (and, where the fused kernel formed the wy stage too, the wy launch before them)."""
-    fused = [k[0] for k in kernels if k[0] in ("state_output", "state_output_wy")]
-    if not fused or _fuse_output(n_state, DV, device):
+    """`kernels` for this call: each fused launch replaced by its unfused form (_UNFUSED_FORM: the plan's launches
+    of the stages it runs) where _fuse_output says."""
+    if not any(k[0] in _UNFUSED_FORM for k in kernels) or _fuse_output(n_state, DV, device):
         return kernels
-    pair = [k for k in _unfused_kernels() if k[0] in (("wy",) if fused == ["state_output_wy"] else ()) +
-            ("state_pass", "output")]
-    return [x for k in kernels for x in (pair if k[0] == fused[0] else [k])]
+    unfused = {k[0]: k for k in _unfused_kernels()}
+    return [x for k in kernels for x in ([unfused[n] for n in _UNFUSED_FORM[k[0]]] if k[0] in _UNFUSED_FORM else [k])]
 
 
 def _rerun_kernels(kept, states=False):
