@@ -344,6 +344,8 @@ def tuning_candidates(name: str, DK: int, DV: int) -> list[tuple[int, int, int, 
         # the state pass with the output fused in (scalar or no decay): two key tiles (the table's) or one
         # (1 stage faulted on sm_90 under Triton 3.6, run 40)
         "state_output": itertools.product(sorted({max(64, fk // 2), fk}), [16, 32, 64], [4, 8], [2, 3]),
+        # an inference call's fused kernel with the wy stage inside (one more c×c product per chunk): the same sweep
+        "state_output_wy": itertools.product(sorted({max(64, fk // 2), fk}), [16, 32, 64], [4, 8], [2, 3]),
         # (both key-row tilings: the table's 64-row tiles, swept on the H200 since run 75 at BK 64 only, and whole key
         # rows, last compared there in run 11; on the H100, run 111, BK 128 / BV 64 / 3 stages took kda's 0.280 ms to
         # 0.259 and pgdn's 0.313 to 0.275, gdn staying fastest at the table's)

@@ -150,6 +150,17 @@ def stage_kernels(mod: Any, n_state: int, DV: int, device: Any) -> dict[str, str
     return {name: k.__name__ for name, k, _ in fwd + mod._rerun_kernels(True) + mod._bwd_kernels()}
 
 
+def inference_stage_kernels(mod: Any, n_state: int, DV: int, device: Any) -> dict[str, str]:
+    """stage -> kernel name, for the stages an inference call (no gradient) launches and a training step does not:
+    the fused state pass + output with the wy stage formed inside it (the host's _inference_kernels), where the plan
+    forms it and the call keeps it fused."""
+    if not hasattr(mod, "_inference_kernels"):
+        return {}
+    fwd = mod._per_call(mod._inference_kernels(), n_state, DV, device)
+    training = stage_kernels(mod, n_state, DV, device)
+    return {name: k.__name__ for name, k, _ in fwd if name not in training}
+
+
 def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name: str, device_name: str,
                  configs: Sequence[Config]) -> None:
     """(child process) One JSON line per candidate of `stage`: its time, or why it was refused."""
@@ -172,14 +183,20 @@ def _sweep_stage(package_dir: str, stage: str, shape: Sequence[int], dtype_name:
     gen = torch.Generator(device="cpu").manual_seed(1)
     do = torch.randn(B, T, HV, DV, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)  # o's shape
 
+    inference = inference_stage_kernels(mod, B * HV, DV, device)
+
     def step() -> list:
+        if stage in inference:  # an inference call's own kernel: the forward without gradients, o and the states
+            with torch.no_grad():
+                out = pkg.forward(**x, output_final_state=True)
+            return [out.o, *out.final_state.values()]
         for t in x.values():
             t.grad = None
         out = pkg.forward(**x)
         out.o.backward(do)
         return [out.o.detach()] + [t.grad for t in x.values() if t.grad is not None]
 
-    kernel = stage_kernels(mod, B * HV, DV, device).get(stage)
+    kernel = {**stage_kernels(mod, B * HV, DV, device), **inference}.get(stage)
     if kernel is None:
         print(json.dumps({"stage": stage, "skip": f"{mod.NAME} launches no stage {stage} at this shape"}), flush=True)
         return
@@ -285,7 +302,7 @@ def tune(pkg: Any, shape: Sequence[int], *, HV: int | None = None, dtype: str = 
     B, T, H, DK, DV = shape
     HV = HV or H
     dev = torch.device(device)
-    launched = list(stage_kernels(mod, B * HV, DV, dev))
+    launched = list(stage_kernels(mod, B * HV, DV, dev)) + list(inference_stage_kernels(mod, B * HV, DV, dev))
     unknown = [s for s in (stages or []) if s not in launched]
     if unknown:
         raise TuneError(f"{pkg.__name__}: stage(s) {', '.join(unknown)} not launched; its stages: {', '.join(launched)}")

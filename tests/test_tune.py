@@ -73,7 +73,9 @@ def test_a_stage_that_fails_whatever_the_candidate_stops() -> None:
 def test_every_launched_stage_has_candidates_its_kernel_takes(spec: str) -> None:
     mod = dgps.compile(str(ROOT / "specs" / f"{spec}.dgps")).chunk
     for n_state in (1, 64):
-        for stage in autotune.stage_kernels(mod, n_state, 128, torch.device("cuda")):
+        dev = torch.device("cuda")
+        for stage in {**autotune.stage_kernels(mod, n_state, 128, dev),
+                      **autotune.inference_stage_kernels(mod, n_state, 128, dev)}:
             cands = tuning_candidates(stage, 128, 128)
             assert len(cands) >= 2, (spec, stage)
             for c in cands:
@@ -115,6 +117,19 @@ def test_a_candidate_whose_results_differ_is_refused_not_timed(tmp_path: Path, m
     assert [row["config"] for row in rows if "ms" in row] == [[32, 32, 1, 1]]
     refused = [row for row in rows if "refused" in row]
     assert [row["config"] for row in refused] == [[16, 32, 1, 1]] and "differ" in refused[0]["refused"]
+
+
+def test_an_inference_kernel_is_tuned_on_an_inference_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fused state pass + output with the wy stage inside runs in inference calls only (the plan's
+    # inference_fused): its candidates are checked against the table setting's o and final state, then timed
+    mod = dgps.compile(str(ROOT / "specs" / "gdn.dgps")).chunk
+    assert autotune.inference_stage_kernels(mod, 1, 32, torch.device("cpu")) == \
+        {"state_output_wy": "chunk_state_output_wy_kernel"}
+    pkg, path, results = _tune_gdn(tmp_path, monkeypatch, stages=["state_output_wy"], configs=[(32, 32, 4, 2)])
+    r = results["state_output_wy"]
+    assert [row["config"] for row in r["rows"] if "ms" in row] == [[32, 16, 4, 2], [32, 32, 4, 2]]
+    assert all(row["difference"] < 1e-5 for row in r["rows"] if "ms" in row)
+    assert pkg.chunk.launch_config("state_output_wy", 32, 32, 1, torch.device("cpu")) == tuple(r["config"])
 
 
 def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
