@@ -1,10 +1,10 @@
-"""Stored scores read by the reverse state pass (compiler/plan.py: scores_in_reverse_pass; off in the shipped plan,
-KEEP_SCORES, until a GPU run checks and times it): a training forward stores the output's Sc = tril(Q̂ Aᵀ ⊙ e^{b_i −
-b_j}) (scalar or no decay: _scores_kept), or per-channel decay's interaction has stored Q⋆A already, and the reverse
-state pass forms dU's chunk-local share from them, with no bwd_local_values launch. Under the interpreter, with the
-constant on: the plan and the launches say so, and o and every gradient match the float64 reference whichever kernel
-stores the scores (the fused state pass + output, the unfused output for few programs or keep_states, the backward's
-rerun without kept buffers; the interaction for kda)."""
+"""Stored scores read by the reverse state pass (compiler/plan.py: scores_in_reverse_pass; on in the shipped plan,
+KEEP_SCORES, since run 123 checked and timed it on a GPU): a training forward stores the output's Sc = tril(Q̂ Aᵀ ⊙
+e^{b_i − b_j}) (scalar or no decay: _scores_kept), or per-channel decay's interaction has stored Q⋆A already, and the
+reverse state pass forms dU's chunk-local share from them, with no bwd_local_values launch. Under the interpreter,
+with the constant on (and once off: bwd_local_values again): the plan and the launches say so, and o and every
+gradient match the float64 reference whichever kernel stores the scores (the fused state pass + output, the unfused
+output for few programs or keep_states, the backward's rerun without kept buffers; the interaction for kda)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def test_off_in_the_shipped_plan() -> None:
-    assert not plan_mod.KEEP_SCORES
-    assert not scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
+def test_on_in_the_shipped_plan() -> None:
+    assert plan_mod.KEEP_SCORES
+    assert scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
 
 
 # spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
@@ -69,12 +69,15 @@ def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
 
 
 @pytest.mark.parametrize("name", ["gdn", "deltanet", "kda"])
-@pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen"])
+@pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen", "constant_off"])
 def test_gradients_against_the_reference(name: str, form: str, keep_scores: None, launched: Callable,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    if form == "constant_off":  # the form before run 123: bwd_local_values forms dU's local share
+        monkeypatch.setattr(plan_mod, "KEEP_SCORES", False)
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
-    assert "chunk_bwd_local_values_kernel" not in mod._KERNEL_ARGS and "s_buf" in mod._KEPT_BUFFERS
+    assert ("chunk_bwd_local_values_kernel" in mod._KERNEL_ARGS) == (form == "constant_off")
+    assert ("s_buf" in mod._KEPT_BUFFERS) == (form != "constant_off" or name == "kda")
     if hasattr(mod, "FUSE_OUTPUT"):  # the fused state pass + output (scalar or no decay)
         monkeypatch.setattr(mod, "FUSE_OUTPUT", form != "unfused")
     B, T, H, D = (1, 150, 2, 16) if form == "varlen" else (2, 90, 2, 16)
@@ -92,7 +95,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
     names = launched(mod, lambda: grads.append(mod.chunk_backward(x, initial_state=s0, do=do, kept=kept,
                                                                     cu_seqlens=cu)[0]))
     gx = grads[0]
-    assert "chunk_bwd_local_values_kernel" not in names and "chunk_bwd_state_kernel" in names
+    assert ("chunk_bwd_local_values_kernel" in names) == (form == "constant_off") and "chunk_bwd_state_kernel" in names
     if form == "no_kept" and name != "kda":  # the rerun forms the scores again: the output after the state pass
         assert names.index("chunk_output_kernel") == names.index("chunk_state_pass_kernel") + 1
     x64 = {n: t.double().requires_grad_(True) for n, t in x.items()}
