@@ -45,18 +45,19 @@ def _no_inference_wy(plan) -> Callable:  # noqa: ANN001
 def _keep_scores(plan) -> Callable:  # noqa: ANN001
     """The reverse state pass forms dU's local share from stored scores: a training forward stores the output's
     (compiler/plan.py: _scores_kept), per-channel decay reads the interaction's Q⋆A (scores_in_reverse_pass); both off
-    in the shipped plan (KEEP_SCORES). Patches _scores_kept and, for the vector family, KEEP_SCORES inside
-    scores_in_reverse_pass for the renamed spec only."""
+    in the shipped plan before run 123 (KEEP_SCORES; the vector family's QA_IN_REVERSE_PASS still is). Patches
+    _scores_kept and, for the vector family, QA_IN_REVERSE_PASS inside scores_in_reverse_pass for the renamed spec
+    only."""
     shipped_reverse = plan.scores_in_reverse_pass
 
     def reverse(p):  # noqa: ANN001, ANN202
-        if not p.name.endswith("__keep_scores") or plan.KEEP_SCORES:
+        if not p.name.endswith("__keep_scores") or plan.QA_IN_REVERSE_PASS:
             return shipped_reverse(p)
-        plan.KEEP_SCORES = True
+        plan.QA_IN_REVERSE_PASS = True
         try:
             return shipped_reverse(p)
         finally:
-            plan.KEEP_SCORES = False
+            plan.QA_IN_REVERSE_PASS = False
     import dgps.codegen.chunk as codegen_chunk
 
     plan.scores_in_reverse_pass = codegen_chunk.scores_in_reverse_pass = reverse  # the plan's rules and codegen's

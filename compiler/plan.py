@@ -753,12 +753,16 @@ def rule_output(b: _Builder) -> None:
     b.outputs["o"] = b.op("o")  # type: ignore[assignment]
 
 
-# Whether _scores_kept's form is on. Off until a GPU run has checked its gradients and timed the step: its kernels
-# are verified under the interpreter (tests/test_scores_kept.py) and compiled for sm_90, and run 122 timed its reverse
-# pass, but the twenty-seventh session had no device time left for run 123 (benchmarks/NOTES.md;
-# `bash benchmarks/runs/2026-12-06_run123.sh` measures it against the shipped form, benchmarks/plan_experiment.py
-# --patch keep_scores).
+# Whether _scores_kept's form is on. Run 123 (H100, `bash benchmarks/runs/2026-12-06_run123.sh`, B 4 T 4096 H 16
+# dk = dv = 128 bf16, 5 interleaved rounds; every bf16 error identical to the bwd_local_values form's): training step
+# gdn 2.055 -> 1.897 ms, deltanet 1.558 -> 1.378, keep_states 1.978 -> 1.820 and 1.509 -> 1.349; B 1 T 32768 gdn
+# 5.728 -> 5.294.
 KEEP_SCORES = True
+# Whether the tied per-channel-decay family's reverse pass forms dU's local share from the interaction's Q⋆A
+# (scores_in_reverse_pass). Off: run 123 measured kda's step 3.471 -> 3.507 ms (keep_states 3.293 -> 3.333), its
+# reverse pass 0.278 -> 0.403 with the Q⋆A tile loaded (131 KB of shared memory: one program per SM) against the
+# 0.087 ms bwd_local_values it saves; plan_experiment.py --patch keep_scores still measures it.
+QA_IN_REVERSE_PASS = False
 
 
 def _scores_kept(b: _Builder) -> bool:
@@ -773,8 +777,8 @@ def _scores_kept(b: _Builder) -> bool:
     gone; formed inside the reverse pass instead of loaded, 0.516 (136 KB of shared memory: one program per SM).
 
     Where the output is fused into the state pass (scalar or no decay) of the tied family, with no route, read
-    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR); only
-    while KEEP_SCORES is on."""
+    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR); while
+    KEEP_SCORES is on."""
     return KEEP_SCORES and scores_keepable(b)
 
 
@@ -795,12 +799,12 @@ def scores_in_reverse_pass(p: Plan) -> str | None:
     None (bwd_local_values forms it, chunk-parallel, and dU_local makes an fp32 round trip to the reverse pass): the
     output's Sc where the plan keeps them (scores_kept), or, with per-channel decay in the tied family, the Q⋆A the
     interaction stores for the output (Sqa, kept for the chunk gradients anyway) — the same loaded tile and product
-    bwd_local_values has, moved into the pass; only while KEEP_SCORES is on (the run that checks one checks both).
+    bwd_local_values has, moved into the pass; only while QA_IN_REVERSE_PASS is on (off: run 123 measured it slower).
     Not the untied family (its scores are Q⋆F and Q⋆W), the residual route (dR's terms) or a read correction."""
     if scores_kept(p):
         return "output.Sc"
     s = p.structure
-    if KEEP_SCORES and p.family == "tied" and s.decay == "vector" and s.route == "none" and s.read == "none" and \
+    if QA_IN_REVERSE_PASS and p.family == "tied" and s.decay == "vector" and s.route == "none" and s.read == "none" and \
             p.find("interaction") and "Sqa" in p.stage("interaction").output_names:
         return "interaction.Sqa"
     return None

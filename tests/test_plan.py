@@ -485,7 +485,7 @@ def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, va
 # --- the backward plan ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", SPECS)
 def test_backward_plan(name):
-    from dgps.compiler.plan import KEEP_SCORES, build_backward_plan, scores_in_reverse_pass, scores_kept
+    from dgps.compiler.plan import KEEP_SCORES, QA_IN_REVERSE_PASS, build_backward_plan, scores_in_reverse_pass, scores_kept
 
     p = plan(name)
     bp = build_backward_plan(p)
@@ -502,11 +502,12 @@ def test_backward_plan(name):
     intra = ["bwd_scores", "bwd_intra"] if vector else ["bwd_solve"] if p.family == "tied" else []
     # the additive family without a route: the reverse pass carries dH alone, split over key blocks, and dU follows it
     split = p.family == "additive" and ir.route == "none"
-    # stored scores the reverse pass forms dU's local share from (compiler/plan.py: scores_in_reverse_pass; off while
-    # KEEP_SCORES is): the output's (scalar or no decay, no preconditioner) or the interaction's Q⋆A (per-channel decay)
+    # stored scores the reverse pass forms dU's local share from (compiler/plan.py: scores_in_reverse_pass): the
+    # output's (scalar or no decay, no preconditioner: KEEP_SCORES) or the interaction's Q⋆A (per-channel decay:
+    # QA_IN_REVERSE_PASS)
     local = scores_in_reverse_pass(p)
-    assert (local is not None) == (KEEP_SCORES and p.family == "tied" and ir.route == "none" and
-                                   ir.read.kind == "none" and (vector or ir.precond.kind == "none"))
+    assert (local is not None) == (p.family == "tied" and ir.route == "none" and ir.read.kind == "none" and
+                                   (QA_IN_REVERSE_PASS if vector else KEEP_SCORES and ir.precond.kind == "none"))
     first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
         ["bwd_local_values", "bwd_state_pass"]
     assert kinds[:len(first) + 1 + len(intra)] == [*first, *intra, "bwd_grads"]

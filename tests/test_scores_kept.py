@@ -1,10 +1,11 @@
 """Stored scores read by the reverse state pass (compiler/plan.py: scores_in_reverse_pass; on in the shipped plan,
 KEEP_SCORES, since run 123 checked and timed it on a GPU): a training forward stores the output's Sc = tril(Q̂ Aᵀ ⊙
-e^{b_i − b_j}) (scalar or no decay: _scores_kept), or per-channel decay's interaction has stored Q⋆A already, and the
-reverse state pass forms dU's chunk-local share from them, with no bwd_local_values launch. Under the interpreter,
-with the constant on (and once off: bwd_local_values again): the plan and the launches say so, and o and every
-gradient match the float64 reference whichever kernel stores the scores (the fused state pass + output, the unfused
-output for few programs or keep_states, the backward's rerun without kept buffers; the interaction for kda)."""
+e^{b_i − b_j}) (scalar or no decay: _scores_kept), or per-channel decay's interaction has stored Q⋆A already (off in
+the shipped plan, QA_IN_REVERSE_PASS: slower in run 123, kept measurable), and the reverse state pass forms dU's
+chunk-local share from them, with no bwd_local_values launch. Under the interpreter, with both constants on (and once
+off: bwd_local_values again): the plan and the launches say so, and o and every gradient match the float64 reference
+whichever kernel stores the scores (the fused state pass + output, the unfused output for few programs or
+keep_states, the backward's rerun without kept buffers; the interaction for kda)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 @pytest.fixture
 def keep_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_mod, "KEEP_SCORES", True)
+    monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", True)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -39,8 +41,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_on_in_the_shipped_plan() -> None:
-    assert plan_mod.KEEP_SCORES
+    assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS
     assert scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
+    kda = build_plan(dgps.load(SPEC_DIR / "kda.dgps").ir, 64, 16)
+    assert scores_in_reverse_pass(kda) is None and "bwd_local_values" in build_backward_plan(kda).kinds()
 
 
 # spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
@@ -74,6 +78,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     if form == "constant_off":  # the form before run 123: bwd_local_values forms dU's local share
         monkeypatch.setattr(plan_mod, "KEEP_SCORES", False)
+        monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", False)
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
     assert ("chunk_bwd_local_values_kernel" in mod._KERNEL_ARGS) == (form == "constant_off")
