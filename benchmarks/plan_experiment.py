@@ -64,9 +64,16 @@ def _keep_scores(plan) -> Callable:  # noqa: ANN001
     return _for_renamed(plan._scores_kept, "keep_scores", plan.scores_keepable)
 
 
+def _no_keep_scores(plan) -> Callable:  # noqa: ANN001
+    """The training forward stores no scores and bwd_local_values forms dU's local share (the shipped plan before
+    run 123: KEEP_SCORES off) for the renamed spec."""
+    return _for_renamed(plan._scores_kept, "no_keep_scores", lambda b: False)
+
+
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
-           "keep_scores": ("_scores_kept", _keep_scores)}
+           "keep_scores": ("_scores_kept", _keep_scores),
+           "no_keep_scores": ("_scores_kept", _no_keep_scores)}
 
 
 def renamed(text: str, name: str, suffix: str) -> str:

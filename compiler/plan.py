@@ -776,16 +776,17 @@ def _scores_kept(b: _Builder) -> bool:
     state pass with the scores loaded 0.271 ms against 0.300 with dU_local loaded, and bwd_local_values (0.128 ms)
     gone; formed inside the reverse pass instead of loaded, 0.516 (136 KB of shared memory: one program per SM).
 
-    Where the output is fused into the state pass (scalar or no decay) of the tied family, with no route, read
-    correction or preconditioner (whose scores or dU terms differ: CCQ's query pair, the residual route's dR); while
-    KEEP_SCORES is on."""
+    Where the output is fused into the state pass (scalar or no decay) of the tied family, with no read correction or
+    preconditioner (scores_keepable); while KEEP_SCORES is on."""
     return KEEP_SCORES and scores_keepable(b)
 
 
 def scores_keepable(b: _Builder) -> bool:
-    """The structures _scores_kept's form serves (the output fused into the state pass is checked by the caller)."""
+    """The structures _scores_kept's form serves (the output fused into the state pass is checked by the caller): the
+    tied family without a read correction (CCQ's output reads a query pair: other scores) or preconditioner; a route
+    changes the reverse pass's dH terms (the residual route's dR), not dU's local share scale Sᵀ dO."""
     s = b.s
-    return b.family == "tied" and s.route == "none" and s.read == "none" and s.precond == "none"
+    return b.family == "tied" and s.read == "none" and s.precond == "none"
 
 
 def scores_kept(p: Plan) -> bool:
@@ -800,7 +801,8 @@ def scores_in_reverse_pass(p: Plan) -> str | None:
     output's Sc where the plan keeps them (scores_kept), or, with per-channel decay in the tied family, the Q⋆A the
     interaction stores for the output (Sqa, kept for the chunk gradients anyway) — the same loaded tile and product
     bwd_local_values has, moved into the pass; only while QA_IN_REVERSE_PASS is on (off: run 123 measured it slower).
-    Not the untied family (its scores are Q⋆F and Q⋆W), the residual route (dR's terms) or a read correction."""
+    Not the untied family (its scores are Q⋆F and Q⋆W) or a read correction (other scores); the Q⋆A form not with a
+    route either (never measured there)."""
     if scores_kept(p):
         return "output.Sc"
     s = p.structure

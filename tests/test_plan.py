@@ -506,8 +506,9 @@ def test_backward_plan(name):
     # output's (scalar or no decay, no preconditioner: KEEP_SCORES) or the interaction's Q⋆A (per-channel decay:
     # QA_IN_REVERSE_PASS)
     local = scores_in_reverse_pass(p)
-    assert (local is not None) == (p.family == "tied" and ir.route == "none" and ir.read.kind == "none" and
-                                   (QA_IN_REVERSE_PASS if vector else KEEP_SCORES and ir.precond.kind == "none"))
+    assert (local is not None) == (p.family == "tied" and ir.read.kind == "none" and
+                                   (QA_IN_REVERSE_PASS and ir.route == "none" if vector else
+                                    KEEP_SCORES and ir.precond.kind == "none"))
     first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
         ["bwd_local_values", "bwd_state_pass"]
     assert kinds[:len(first) + 1 + len(intra)] == [*first, *intra, "bwd_grads"]

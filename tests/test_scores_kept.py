@@ -50,8 +50,9 @@ def test_on_in_the_shipped_plan() -> None:
 # spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
 # pass with no route, read correction or preconditioner; the interaction's Q⋆A with per-channel decay (tied family)
 SOURCES = {"gdn": "output.Sc", "deltanet": "output.Sc", "gdn_fused_gate": "output.Sc", "longhorn": "output.Sc",
-           "ccq_gdn": None, "cler_h_gdn": None, "pgdn": None, "kda": "interaction.Sqa", "gdn2": "interaction.Sqa",
-           "pkda": "interaction.Sqa", "cler_h_kda": None, "clvr_kda": None, "gla": None, "rwkv7_dplr": None}
+           "ccq_gdn": None, "cler_h_gdn": "output.Sc", "clvr_gdn": "output.Sc", "pgdn": None,
+           "kda": "interaction.Sqa", "gdn2": "interaction.Sqa", "pkda": "interaction.Sqa", "cler_h_kda": None,
+           "clvr_kda": None, "gla": None, "rwkv7_dplr": None}
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
@@ -72,7 +73,7 @@ def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
         assert "s_buf" in kept_buffers(p, ("interaction",))
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda"])
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda", "cler_h_gdn", "clvr_gdn"])
 @pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen", "constant_off"])
 def test_gradients_against_the_reference(name: str, form: str, keep_scores: None, launched: Callable,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,6 +92,8 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
     N = 3 if cu is not None else B
     s0 = {n: s.float() for n, s in random_states(rec.ir, Dims(B, T, H, H, D, D), N, seed=3).items()}
     do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(4))
+    # a route's gradient too (the residual route's dR enters the reverse pass's dH terms)
+    dr = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(5)) if rec.ir.route != "none" else None
     if form == "no_kept":
         kept = None
         fwd = mod.chunk_forward(x, initial_state=s0, output_final_state=True)
@@ -98,7 +101,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
         fwd, kept = mod.chunk_forward_train(x, initial_state=s0, cu_seqlens=cu, keep_states=form == "keep_states")
     grads: list = []
     names = launched(mod, lambda: grads.append(mod.chunk_backward(x, initial_state=s0, do=do, kept=kept,
-                                                                    cu_seqlens=cu)[0]))
+                                                                    cu_seqlens=cu, d_route=dr)[0]))
     gx = grads[0]
     assert ("chunk_bwd_local_values_kernel" in names) == (form == "constant_off") and "chunk_bwd_state_kernel" in names
     if form == "no_kept" and name != "kda":  # the rerun forms the scores again: the output after the state pass
@@ -106,7 +109,8 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
     x64 = {n: t.double().requires_grad_(True) for n, t in x.items()}
     ref = rec.reference(**x64, initial_state={n: s.double() for n, s in s0.items()}, output_final_state=True,
                         cu_seqlens=cu)
-    (ref.o * do.double()).sum().backward()
+    loss = (ref.o * do.double()).sum() + ((ref.route * dr.double()).sum() if dr is not None else 0.)
+    loss.backward()
     assert _rel(fwd.o, ref.o) < 1e-4
     for n, t in x64.items():
         assert _rel(gx[n], t.grad) < 1e-4, (n, _rel(gx[n], t.grad))
