@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run 126 (twenty-eighth session): the fused state pass + output of a training forward (KEEP: it stores the scores)
+# at BK 128 (one key tile; compile report: gdn 72 -> 16 B spill, cler_h_gdn / clvr_gdn 120 -> 16, deltanet 0 either
+# way) against the table's BK 64, timed on the recorded launch (benchmarks/kernel_sections.py --set), reference shape.
+# Usage: bash benchmarks/runs/2026-12-06_run126.sh   (carry .whl)
+. benchmarks/device_env.sh || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+q() { grep -v -i warn; }
+for s in gdn cler_h_gdn clvr_gdn deltanet; do
+  timeout 120 python3 benchmarks/kernel_sections.py --system $s --kernel chunk_state_output_kernel \
+      --set BK=128 BK=128,num_stages=3 BV=16 --rounds 5 2>&1 | q | tail -5
+done
+echo "== done"
