@@ -8,6 +8,6 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 q() { grep -v -i warn; }
 for s in gdn cler_h_gdn clvr_gdn deltanet; do
   timeout 120 python3 benchmarks/kernel_sections.py --system $s --kernel chunk_state_output_kernel \
-      --set BK=128 BK=128,num_stages=3 BV=16 --rounds 5 2>&1 | q | tail -5
+      --set BK=128 BK=128,num_stages=3 BV=16,grid0=8 --rounds 5 2>&1 | q | tail -5
 done
 echo "== done"
