@@ -96,6 +96,9 @@ def main() -> int:
     p.add_argument("--check-shape", nargs=4, type=int, default=[2, 300, 2, 128], metavar=("B", "T", "H", "D"))
     p.add_argument("--device", default="cuda", help="cpu: the checks alone, under TRITON_INTERPRET=1")
     p.add_argument("--json")
+    p.add_argument("--patched-launch", default="",
+                   help="launch settings of the patched side only, as DGPS_LAUNCH writes them (\"stage=BK,BV,warps,"
+                        "stages;...\"): a form that wants other settings than the table's")
     p.add_argument("--keep-states", action="store_true",
                    help="also time each side's training step with keep_states=True (side '<name> keep')")
     a = p.parse_args()
@@ -108,6 +111,13 @@ def main() -> int:
     for name in a.specs:
         text = (ROOT / "specs" / f"{name}.dgps").read_text()
         recs = {name: dgps.load(text), f"{name}__{a.patch}": dgps.load(renamed(text, name, a.patch))}
+        if a.patched_launch:  # the patched side's modules (the package's, the checks'): the shipped side keeps the table
+            from dgps.codegen.launch import parse_launch_overrides
+            from dgps.runtime.compile import load_chunk
+
+            patched = recs[f"{name}__{a.patch}"]
+            for mod in (dgps.compile(patched).chunk, load_chunk(patched.ir)):
+                mod.LAUNCH_OVERRIDES.update(parse_launch_overrides(a.patched_launch))
         row: dict[str, dict] = {"errors": {}, "fwd_ms": {}, "fwdbwd_ms": {}, "kernels": {}}
         for dt in a.check_dtypes:
             for key, rec in recs.items():
