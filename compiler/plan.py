@@ -781,12 +781,21 @@ def _scores_kept(b: _Builder) -> bool:
     return KEEP_SCORES and scores_keepable(b)
 
 
+# Whether the read-corrected specs (CCQ: ccq_gdn, ccq_gdn_uncentered) keep the output's scores too. Their output's
+# scores are Q̂ Aᵀ with the corrected query Q̂ that bwd_local_values reads as well (so dU's local share is the same
+# scale Scᵀ dO), verified under the interpreter (tests/test_scores_kept.py); off until a GPU run checks and times it
+# (`bash benchmarks/runs/2026-12-06_run127.sh`; compile report: the storing fused kernel 255 registers + 72 B spill, as
+# gdn's, bwd_state 254 / 0).
+SCORES_WITH_READ_CORRECTION = False
+
+
 def scores_keepable(b: _Builder) -> bool:
     """The structures _scores_kept's form serves (the output fused into the state pass is checked by the caller): the
-    tied family without a read correction (CCQ's output reads a query pair: other scores) or preconditioner; a route
-    changes the reverse pass's dH terms (the residual route's dR), not dU's local share scale Sᵀ dO."""
+    tied family without a preconditioner (whose output is not fused); a route changes the reverse pass's dH terms
+    (the residual route's dR), not dU's local share scale Sᵀ dO; a read correction only while
+    SCORES_WITH_READ_CORRECTION is on."""
     s = b.s
-    return b.family == "tied" and s.read == "none" and s.precond == "none"
+    return b.family == "tied" and s.precond == "none" and (s.read == "none" or SCORES_WITH_READ_CORRECTION)
 
 
 def scores_kept(p: Plan) -> bool:

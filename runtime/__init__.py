@@ -42,6 +42,13 @@ def triton_warning(version: str) -> str | None:
             f"`pip install triton=={TESTED_TRITON[0]}.0` installs the one the H200 runs")
 
 
+def block_pointers(version: str) -> bool:
+    """Whether this Triton release has block pointers (tl.make_block_ptr): 3.9 removed them in favour of tensor
+    descriptors (its make_block_ptr raises). Kernels that store through one take an offset tile there instead."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) < (3, 9)
+
+
 def announce_interpreter() -> None:
     """Called by every generated kernel module at import; once per process: a line for an untested Triton
     release, and one when the runtime chose the interpreter."""

@@ -485,7 +485,14 @@ def test_interpreter_hypothesis(name, seed, T, chunk, sub, G, states, strong, va
 # --- the backward plan ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", SPECS)
 def test_backward_plan(name):
-    from dgps.compiler.plan import KEEP_SCORES, QA_IN_REVERSE_PASS, build_backward_plan, scores_in_reverse_pass, scores_kept
+    from dgps.compiler.plan import (
+        KEEP_SCORES,
+        QA_IN_REVERSE_PASS,
+        SCORES_WITH_READ_CORRECTION,
+        build_backward_plan,
+        scores_in_reverse_pass,
+        scores_kept,
+    )
 
     p = plan(name)
     bp = build_backward_plan(p)
@@ -506,9 +513,10 @@ def test_backward_plan(name):
     # output's (scalar or no decay, no preconditioner: KEEP_SCORES) or the interaction's Q⋆A (per-channel decay:
     # QA_IN_REVERSE_PASS)
     local = scores_in_reverse_pass(p)
-    assert (local is not None) == (p.family == "tied" and ir.read.kind == "none" and
-                                   (QA_IN_REVERSE_PASS and ir.route == "none" if vector else
-                                    KEEP_SCORES and ir.precond.kind == "none"))
+    assert (local is not None) == (p.family == "tied" and
+                                   (QA_IN_REVERSE_PASS and ir.route == "none" and ir.read.kind == "none" if vector else
+                                    KEEP_SCORES and ir.precond.kind == "none" and
+                                    (ir.read.kind == "none" or SCORES_WITH_READ_CORRECTION)))
     first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
         ["bwd_local_values", "bwd_state_pass"]
     assert kinds[:len(first) + 1 + len(intra)] == [*first, *intra, "bwd_grads"]

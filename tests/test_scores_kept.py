@@ -34,6 +34,7 @@ SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 def keep_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_mod, "KEEP_SCORES", True)
     monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", True)
+    monkeypatch.setattr(plan_mod, "SCORES_WITH_READ_CORRECTION", True)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -41,16 +42,18 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_on_in_the_shipped_plan() -> None:
-    assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS
+    assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS and not plan_mod.SCORES_WITH_READ_CORRECTION
     assert scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
     kda = build_plan(dgps.load(SPEC_DIR / "kda.dgps").ir, 64, 16)
     assert scores_in_reverse_pass(kda) is None and "bwd_local_values" in build_backward_plan(kda).kinds()
 
 
 # spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
-# pass with no route, read correction or preconditioner; the interaction's Q⋆A with per-channel decay (tied family)
+# pass with no preconditioner (routes and read corrections included); the interaction's Q⋆A with per-channel decay
+# (tied family, no route or read correction)
 SOURCES = {"gdn": "output.Sc", "deltanet": "output.Sc", "gdn_fused_gate": "output.Sc", "longhorn": "output.Sc",
-           "ccq_gdn": None, "cler_h_gdn": "output.Sc", "clvr_gdn": "output.Sc", "pgdn": None,
+           "ccq_gdn": "output.Sc", "ccq_gdn_uncentered": "output.Sc", "cler_h_gdn": "output.Sc",
+           "clvr_gdn": "output.Sc", "pgdn": None,
            "kda": "interaction.Sqa", "gdn2": "interaction.Sqa", "pkda": "interaction.Sqa", "cler_h_kda": None,
            "clvr_kda": None, "gla": None, "rwkv7_dplr": None}
 
@@ -73,13 +76,14 @@ def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
         assert "s_buf" in kept_buffers(p, ("interaction",))
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda", "cler_h_gdn", "clvr_gdn"])
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda", "cler_h_gdn", "clvr_gdn", "ccq_gdn"])
 @pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen", "constant_off"])
 def test_gradients_against_the_reference(name: str, form: str, keep_scores: None, launched: Callable,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     if form == "constant_off":  # the form before run 123: bwd_local_values forms dU's local share
         monkeypatch.setattr(plan_mod, "KEEP_SCORES", False)
         monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", False)
+        monkeypatch.setattr(plan_mod, "SCORES_WITH_READ_CORRECTION", False)
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
     assert ("chunk_bwd_local_values_kernel" in mod._KERNEL_ARGS) == (form == "constant_off")

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
-from dgps.runtime import announce_interpreter
+from dgps.runtime import announce_interpreter, block_pointers
 from dgps.runtime.autotune import ensure_tuned, tuned_launch
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
@@ -42,6 +42,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
     # DGPS_PARALLEL_COMPILE=1 only: the workers load this module while the host builds its first inputs
     start_compile_workers(module=(__name__, __file__))
 NAME = "clvr_gdn"
+_BLOCK_PTR = block_pointers(triton.__version__)  # Triton 3.9 removed tl.make_block_ptr: offset tiles there
 BT = 64
 BC = 16
 DECAY = "scalar"
@@ -415,6 +416,7 @@ def chunk_state_output_kernel(
     p_v, g_buf, s_buf, w_buf, u_buf, o_buf, r_buf, s0, s_out, pn_q, pn_k, cu_seqlens, scale, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    BLOCK_PTR: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -501,10 +503,13 @@ def chunk_state_output_kernel(
             b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
             if KEEP and i_v == 0:  # a training call's scores, for the reverse state pass (compiler/plan.py: scores_kept)
                 # after their last product, where the fewest tiles are live; through a block pointer (an offset tile of
-                # [BT, BT] would take 32 more registers per thread)
-                p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0), (BT, BT),
-                                         (1, 0))
-                tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                # [BT, BT] would take 32 more registers per thread), where the Triton release has them (not 3.9)
+                if BLOCK_PTR:
+                    p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0),
+                                             (BT, BT), (1, 0))
+                    tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                else:
+                    tl.store(s_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), b_s.to(s_buf.dtype.element_ty), mask=m_r[:, None])
             tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
             _b_r_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_r = _b_r_v
@@ -572,10 +577,13 @@ def chunk_state_output_kernel(
             b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
             if KEEP and i_v == 0:  # a training call's scores, for the reverse state pass (compiler/plan.py: scores_kept)
                 # after their last product, where the fewest tiles are live; through a block pointer (an offset tile of
-                # [BT, BT] would take 32 more registers per thread)
-                p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0), (BT, BT),
-                                         (1, 0))
-                tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                # [BT, BT] would take 32 more registers per thread), where the Triton release has them (not 3.9)
+                if BLOCK_PTR:
+                    p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0),
+                                             (BT, BT), (1, 0))
+                    tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                else:
+                    tl.store(s_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), b_s.to(s_buf.dtype.element_ty), mask=m_r[:, None])
             tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
             _b_r_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_r = _b_r_v
@@ -1445,7 +1453,7 @@ _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_output_kernel': ('p_v', 'g_buf', 's_buf', 'w_buf', 'u_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP'),
+    'chunk_state_output_kernel': ('p_v', 'g_buf', 's_buf', 'w_buf', 'u_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP', 'BLOCK_PTR'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 'g_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
     'chunk_state_output_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'o_buf', 'r_buf', 's0', 's_out', 'pn_q', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
@@ -1643,6 +1651,7 @@ class _Run:
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
+                      BLOCK_PTR=_BLOCK_PTR,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
         launches = []

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
-from dgps.runtime import announce_interpreter
+from dgps.runtime import announce_interpreter, block_pointers
 from dgps.runtime.autotune import ensure_tuned, tuned_launch
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
@@ -40,6 +40,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_availa
     # DGPS_PARALLEL_COMPILE=1 only: the workers load this module while the host builds its first inputs
     start_compile_workers(module=(__name__, __file__))
 NAME = "la"
+_BLOCK_PTR = block_pointers(triton.__version__)  # Triton 3.9 removed tl.make_block_ptr: offset tiles there
 BT = 64
 BC = 16
 DECAY = "none"
@@ -840,6 +841,7 @@ class _Run:
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
+                      BLOCK_PTR=_BLOCK_PTR,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
         launches = []
