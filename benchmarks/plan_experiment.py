@@ -70,18 +70,18 @@ def _no_keep_scores(plan) -> Callable:  # noqa: ANN001
     return _for_renamed(plan._scores_kept, "no_keep_scores", lambda b: False)
 
 
-def _read_scores(plan) -> Callable:  # noqa: ANN001
-    """The read-corrected specs (CCQ) keep the output's scores as well (compiler/plan.py:
-    SCORES_WITH_READ_CORRECTION, off in the shipped plan) for the renamed spec."""
-    return _for_renamed(plan._scores_kept, "read_scores",
-                        lambda b: plan.KEEP_SCORES and b.family == "tied" and b.s.precond == "none")
+def _more_scores(plan) -> Callable:  # noqa: ANN001
+    """The read-corrected (CCQ) and preconditioned (pdn, pgdn, exact_atk) specs keep the output's scores as well
+    (compiler/plan.py: SCORES_WITH_READ_CORRECTION, SCORES_WITH_PRECONDITIONER, off in the shipped plan) for the
+    renamed spec."""
+    return _for_renamed(plan._scores_kept, "more_scores", lambda b: plan.KEEP_SCORES and b.family == "tied")
 
 
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
            "keep_scores": ("_scores_kept", _keep_scores),
            "no_keep_scores": ("_scores_kept", _no_keep_scores),
-           "read_scores": ("_scores_kept", _read_scores)}
+           "more_scores": ("_scores_kept", _more_scores)}
 
 
 def renamed(text: str, name: str, suffix: str) -> str:

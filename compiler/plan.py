@@ -738,7 +738,7 @@ def rule_output(b: _Builder) -> None:
         inline = True
     fused = _output_in_state_pass(b)
     outs = [b.new("o", "[B,T,HV,dv]", "in")]
-    if fused and _scores_kept(b):
+    if inline and _scores_kept(b):  # the fused kernel's, or a launch of its own where the operands are fp32
         outs.append(b.new("Sc", MATRIX, "in"))
     # Per call, on a GPU: with few sequences × value heads the fused kernel's state programs leave SMs idle while each
     # walks the output's c×c work chunk by chunk; there the output runs in a launch of its own, chunk-parallel, after
@@ -776,8 +776,8 @@ def _scores_kept(b: _Builder) -> bool:
     state pass with the scores loaded 0.271 ms against 0.300 with dU_local loaded, and bwd_local_values (0.128 ms)
     gone; formed inside the reverse pass instead of loaded, 0.516 (136 KB of shared memory: one program per SM).
 
-    Where the output is fused into the state pass (scalar or no decay) of the tied family, with no read correction or
-    preconditioner (scores_keepable); while KEEP_SCORES is on."""
+    Where the output forms its scores (scalar or no decay) in the tied family, with no read correction or
+    preconditioner unless their constants are on (scores_keepable); while KEEP_SCORES is on."""
     return KEEP_SCORES and scores_keepable(b)
 
 
@@ -787,15 +787,20 @@ def _scores_kept(b: _Builder) -> bool:
 # (`bash benchmarks/runs/2026-12-06_run127.sh`; compile report: the storing fused kernel 255 registers + 72 B spill, as
 # gdn's, bwd_state 254 / 0).
 SCORES_WITH_READ_CORRECTION = False
+# Whether the preconditioned specs of the tied family (pdn, pgdn, exact_atk) keep them: their output runs in a launch of its
+# own (fp32 k̃ or q̂ tiles: _output_in_state_pass), which forms the scores from the same tiles bwd_local_values reads
+# and stores them rounded as bwd_local_values' product rounds them. Verified under the interpreter
+# (tests/test_scores_kept.py); off until run 127 checks and times it.
+SCORES_WITH_PRECONDITIONER = False
 
 
 def scores_keepable(b: _Builder) -> bool:
-    """The structures _scores_kept's form serves (the output fused into the state pass is checked by the caller): the
-    tied family without a preconditioner (whose output is not fused); a route changes the reverse pass's dH terms
-    (the residual route's dR), not dU's local share scale Sᵀ dO; a read correction only while
-    SCORES_WITH_READ_CORRECTION is on."""
+    """The structures _scores_kept's form serves (the caller: scores formed inside the output, a scalar or no decay):
+    the tied family; a route changes the reverse pass's dH terms (the residual route's dR), not dU's local share
+    scale Sᵀ dO; a read correction and a preconditioner only while their constants are on."""
     s = b.s
-    return b.family == "tied" and s.precond == "none" and (s.read == "none" or SCORES_WITH_READ_CORRECTION)
+    return b.family == "tied" and (s.read == "none" or SCORES_WITH_READ_CORRECTION) and \
+        (s.precond == "none" or SCORES_WITH_PRECONDITIONER)
 
 
 def scores_kept(p: Plan) -> bool:

@@ -488,6 +488,7 @@ def test_backward_plan(name):
     from dgps.compiler.plan import (
         KEEP_SCORES,
         QA_IN_REVERSE_PASS,
+        SCORES_WITH_PRECONDITIONER,
         SCORES_WITH_READ_CORRECTION,
         build_backward_plan,
         scores_in_reverse_pass,
@@ -515,7 +516,7 @@ def test_backward_plan(name):
     local = scores_in_reverse_pass(p)
     assert (local is not None) == (p.family == "tied" and
                                    (QA_IN_REVERSE_PASS and ir.route == "none" and ir.read.kind == "none" if vector else
-                                    KEEP_SCORES and ir.precond.kind == "none" and
+                                    KEEP_SCORES and (ir.precond.kind == "none" or SCORES_WITH_PRECONDITIONER) and
                                     (ir.read.kind == "none" or SCORES_WITH_READ_CORRECTION)))
     first = ["bwd_state_pass", "bwd_local_values"] if split else ["bwd_state_pass"] if local else \
         ["bwd_local_values", "bwd_state_pass"]

@@ -35,6 +35,7 @@ def keep_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_mod, "KEEP_SCORES", True)
     monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", True)
     monkeypatch.setattr(plan_mod, "SCORES_WITH_READ_CORRECTION", True)
+    monkeypatch.setattr(plan_mod, "SCORES_WITH_PRECONDITIONER", True)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,17 +44,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_on_in_the_shipped_plan() -> None:
     assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS and not plan_mod.SCORES_WITH_READ_CORRECTION
+    assert not plan_mod.SCORES_WITH_PRECONDITIONER
     assert scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
     kda = build_plan(dgps.load(SPEC_DIR / "kda.dgps").ir, 64, 16)
     assert scores_in_reverse_pass(kda) is None and "bwd_local_values" in build_backward_plan(kda).kinds()
 
 
-# spec -> the scores its reverse pass reads (None: bwd_local_values): the output's where it is fused into the state
-# pass with no preconditioner (routes and read corrections included); the interaction's Q⋆A with per-channel decay
-# (tied family, no route or read correction)
+# spec -> the scores its reverse pass reads (None: bwd_local_values), every constant on: the output's where it forms
+# them (a scalar or no decay: routes, read corrections and preconditioners included); the interaction's Q⋆A with
+# per-channel decay (tied family, no route or read correction)
 SOURCES = {"gdn": "output.Sc", "deltanet": "output.Sc", "gdn_fused_gate": "output.Sc", "longhorn": "output.Sc",
            "ccq_gdn": "output.Sc", "ccq_gdn_uncentered": "output.Sc", "cler_h_gdn": "output.Sc",
-           "clvr_gdn": "output.Sc", "pgdn": None,
+           "clvr_gdn": "output.Sc", "pgdn": "output.Sc", "pdn": "output.Sc", "exact_atk": "output.Sc",
+           "exact_atq": None,
            "kda": "interaction.Sqa", "gdn2": "interaction.Sqa", "pkda": "interaction.Sqa", "cler_h_kda": None,
            "clvr_kda": None, "gla": None, "rwkv7_dplr": None}
 
@@ -76,7 +79,7 @@ def test_plan_keeps_the_scores(name: str, keep_scores: None) -> None:
         assert "s_buf" in kept_buffers(p, ("interaction",))
 
 
-@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda", "cler_h_gdn", "clvr_gdn", "ccq_gdn"])
+@pytest.mark.parametrize("name", ["gdn", "deltanet", "kda", "cler_h_gdn", "clvr_gdn", "ccq_gdn", "pgdn", "exact_atk"])
 @pytest.mark.parametrize("form", ["fused", "unfused", "keep_states", "no_kept", "varlen", "constant_off"])
 def test_gradients_against_the_reference(name: str, form: str, keep_scores: None, launched: Callable,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,6 +87,7 @@ def test_gradients_against_the_reference(name: str, form: str, keep_scores: None
         monkeypatch.setattr(plan_mod, "KEEP_SCORES", False)
         monkeypatch.setattr(plan_mod, "QA_IN_REVERSE_PASS", False)
         monkeypatch.setattr(plan_mod, "SCORES_WITH_READ_CORRECTION", False)
+        monkeypatch.setattr(plan_mod, "SCORES_WITH_PRECONDITIONER", False)
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
     assert ("chunk_bwd_local_values_kernel" in mod._KERNEL_ARGS) == (form == "constant_off")
