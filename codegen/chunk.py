@@ -412,18 +412,15 @@ def unfused_forward_launches(plan: Plan) -> list[Launch]:
 
 def unfused_form(plan: Plan) -> dict[str, list[str]]:
     """Each fused launch a call may unfuse (the stage's `unfused_when`) -> the unfused launches that replace it, in
-    order: the state pass + output's host and guest, and the wy launch too where the inference kernel formed it."""
+    order: those of the unfused forward that its own launch list (training or inference) lacks."""
     unfused = [la.name for la in unfused_forward_launches(plan)]
-    if not unfused:
-        return {}
-    out = {}
-    for (host, guest), fused in FUSED_RULES.items():
-        if fused in forward_launches(plan):
-            out[fused.name] = [n for n in unfused if n in (FORWARD_RULES[host].name, FORWARD_RULES[guest].name)]
-    for (host, guest), fused in INFERENCE_FUSED_RULES.items():
-        if fused in inference_forward_launches(plan):
-            out[fused.name] = [n for n in unfused if n in (FORWARD_RULES["wy"].name, FORWARD_RULES[host].name,
-                                                           FORWARD_RULES[guest].name)]
+    out: dict[str, list[str]] = {}
+    for launches, rules in ((forward_launches(plan), FUSED_RULES),
+                            (inference_forward_launches(plan), INFERENCE_FUSED_RULES)):
+        names = [la.name for la in launches]
+        for fused in rules.values():
+            if unfused and fused.name in names:
+                out[fused.name] = [n for n in unfused if n not in names]
     assert all(len(v) >= 2 for v in out.values()), (plan.name, out)
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -119,12 +120,19 @@ def test_a_candidate_whose_results_differ_is_refused_not_timed(tmp_path: Path, m
     assert [row["config"] for row in refused] == [[16, 32, 1, 1]] and "differ" in refused[0]["refused"]
 
 
-def test_an_inference_kernel_is_tuned_on_an_inference_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_inference_kernel_is_tuned_on_an_inference_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           launch_list: Callable) -> None:
     # the fused state pass + output with the wy stage inside runs in inference calls only (the plan's
     # inference_fused): its candidates are checked against the table setting's o and final state, then timed
-    mod = dgps.compile(str(ROOT / "specs" / "gdn.dgps")).chunk
+    pkg0 = dgps.compile(str(ROOT / "specs" / "gdn.dgps"))
+    mod = pkg0.chunk
     assert autotune.inference_stage_kernels(mod, 1, 32, torch.device("cpu")) == \
         {"state_output_wy": "chunk_state_output_wy_kernel"}
+    # the child's step for it: the sweep's inputs require gradients, the forward runs under no_grad
+    x = {k: v.requires_grad_(True) if v.is_floating_point() else v
+         for k, v in dgps.load(ROOT / "specs" / "gdn.dgps").random_inputs(1, 64, 1, 32, 32, dtype=torch.float32).items()}
+    with torch.no_grad():
+        assert "chunk_state_output_wy_kernel" in launch_list(mod, lambda: pkg0.forward(**x, output_final_state=True))
     pkg, path, results = _tune_gdn(tmp_path, monkeypatch, stages=["state_output_wy"], configs=[(32, 32, 4, 2)])
     r = results["state_output_wy"]
     assert [row["config"] for row in r["rows"] if "ms" in row] == [[32, 16, 4, 2], [32, 32, 4, 2]]
