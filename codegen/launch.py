@@ -151,6 +151,12 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
         if few_states and BK <= 128:
             return max(bk_block, BK // 2), min(16, bv_full), 4, 2
         stages = 3 if family == "additive" and BK <= 128 else 2
+        if family == "tied" and BK <= 128:
+            # the state's key rows as one tile: the tied family's fused kernel (a training forward's stores the scores)
+            # spills less (compile report, dk = dv = 128: gdn 72 → 16 B, cler_h_gdn / clvr_gdn 120 → 16, deltanet 0
+            # either way). H100 (run 126, benchmarks/kernel_sections.py, one process, 5 rounds): gdn 0.252 → 0.236 ms,
+            # cler_h_gdn 0.349 → 0.303, deltanet 0.201 → 0.195; BK 128 at 3 stages +0.10 / +0.17 / +0.02
+            return BK, min(32, bv_full), 4, stages
         return max(bk_block, BK // 2), min(32, bv_full), (8 if BK > 128 else 4), stages
     if name == "bwd_local_values":
         # whole value rows per program (up to 128): the c×c scores are formed once per chunk and head, not per

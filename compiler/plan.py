@@ -783,14 +783,18 @@ def _scores_kept(b: _Builder) -> bool:
 
 # Whether the read-corrected specs (CCQ: ccq_gdn, ccq_gdn_uncentered) keep the output's scores too. Their output's
 # scores are Q̂ Aᵀ with the corrected query Q̂ that bwd_local_values reads as well (so dU's local share is the same
-# scale Scᵀ dO), verified under the interpreter (tests/test_scores_kept.py); off until a GPU run checks and times it
-# (`bash benchmarks/runs/2026-12-06_run127.sh`; compile report: the storing fused kernel 255 registers + 72 B spill, as
-# gdn's, bwd_state 254 / 0).
-SCORES_WITH_READ_CORRECTION = False
-# Whether the preconditioned specs of the tied family (pdn, pgdn, exact_atk) keep them: their output runs in a launch of its
-# own (fp32 k̃ or q̂ tiles: _output_in_state_pass), which forms the scores from the same tiles bwd_local_values reads
-# and stores them rounded as bwd_local_values' product rounds them. Verified under the interpreter
-# (tests/test_scores_kept.py); off until run 127 checks and times it.
+# scale Scᵀ dO). H100 (run 127, `bash benchmarks/runs/2026-12-06_run127.sh`, plan_experiment.py --patch more_scores, one
+# process, B 4 T 4096 H 16 dk = dv = 128 bf16, 5 rounds): ccq_gdn's step 3.915 -> 3.774 ms (predicted -0.12 to -0.15),
+# its reverse pass 0.350 -> 0.321 and bwd_local_values gone; bf16 and fp32 errors of o, states and every gradient
+# identical to the bwd_local_values form's (T 300), ccq_gdn_uncentered's too.
+SCORES_WITH_READ_CORRECTION = True
+# Whether the preconditioned specs of the tied family (pdn, pgdn, exact_atk) keep them: their output runs in a launch of
+# its own (fp32 k̃ or q̂ tiles: _output_in_state_pass), which forms the scores from the same tiles bwd_local_values
+# reads and stores them rounded as bwd_local_values' product rounds them. Verified under the interpreter
+# (tests/test_scores_kept.py). Off: run 127 measured pgdn's step 3.205 -> 3.257 ms (errors identical), its reverse pass
+# 0.313 -> 0.502 with the scores tile beside the fp32 k̃ tile (compile report 255 registers + 48 B spill, 213 KB of
+# shared memory: one program per SM), no better at 2 stages (0.506; 180 registers, 119 KB), against the 0.148 ms
+# bwd_local_values it saves.
 SCORES_WITH_PRECONDITIONER = False
 
 

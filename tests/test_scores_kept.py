@@ -43,9 +43,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_on_in_the_shipped_plan() -> None:
-    assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS and not plan_mod.SCORES_WITH_READ_CORRECTION
+    assert plan_mod.KEEP_SCORES and not plan_mod.QA_IN_REVERSE_PASS and plan_mod.SCORES_WITH_READ_CORRECTION
     assert not plan_mod.SCORES_WITH_PRECONDITIONER
-    assert scores_kept(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16))
+    for name in ("gdn", "ccq_gdn", "ccq_gdn_uncentered", "cler_h_gdn"):
+        assert scores_kept(build_plan(dgps.load(SPEC_DIR / f"{name}.dgps").ir, 64, 16)), name
+    pgdn = build_plan(dgps.load(SPEC_DIR / "pgdn.dgps").ir, 64, 16)
+    assert not scores_kept(pgdn) and "bwd_local_values" in build_backward_plan(pgdn).kinds()
     kda = build_plan(dgps.load(SPEC_DIR / "kda.dgps").ir, 64, 16)
     assert scores_in_reverse_pass(kda) is None and "bwd_local_values" in build_backward_plan(kda).kinds()
 

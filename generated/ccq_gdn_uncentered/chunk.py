@@ -618,9 +618,10 @@ def chunk_wy_kernel(
 #   where the state pass stored them, and O is rounded once, when stored.
 @triton.jit
 def chunk_state_output_kernel(
-    g_buf, qh_buf, w_buf, u_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    g_buf, qh_buf, s_buf, w_buf, u_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
+    BLOCK_PTR: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -705,6 +706,15 @@ def chunk_state_output_kernel(
 
             b_o = b_o * tl.exp2(b_g)[:, None]
             b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            if KEEP and i_v == 0:  # a training call's scores, for the reverse state pass (compiler/plan.py: scores_kept)
+                # after their last product, where the fewest tiles are live; through a block pointer (an offset tile of
+                # [BT, BT] would take 32 more registers per thread), where the Triton release has them (not 3.9)
+                if BLOCK_PTR:
+                    p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0),
+                                             (BT, BT), (1, 0))
+                    tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                else:
+                    tl.store(s_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), b_s.to(s_buf.dtype.element_ty), mask=m_r[:, None])
             tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
 
             i_tc += 1
@@ -767,6 +777,15 @@ def chunk_state_output_kernel(
 
             b_o = b_o * tl.exp2(b_g)[:, None]
             b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
+            if KEEP and i_v == 0:  # a training call's scores, for the reverse state pass (compiler/plan.py: scores_kept)
+                # after their last product, where the fewest tiles are live; through a block pointer (an offset tile of
+                # [BT, BT] would take 32 more registers per thread), where the Triton release has them (not 3.9)
+                if BLOCK_PTR:
+                    p_sc = tl.make_block_ptr(s_buf + t0 * (HV * BT) + i_hv * BT, (eos - t0, BT), (HV * BT, 1), (0, 0),
+                                             (BT, BT), (1, 0))
+                    tl.store(p_sc, b_s.to(s_buf.dtype.element_ty), boundary_check=(0,))
+                else:
+                    tl.store(s_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), b_s.to(s_buf.dtype.element_ty), mask=m_r[:, None])
             tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
 
     if STORE_FINAL:
@@ -940,9 +959,9 @@ def chunk_state_pass_kernel(
 # ---- stage output: O = scale [(Q̂ ⊙ e^B) H_n + (Q̂ ⋆ A) U] ---------
 @triton.jit
 def chunk_output_kernel(
-    g_buf, qh_buf, h_buf, vn_buf, o_buf, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
+    g_buf, qh_buf, s_buf, h_buf, vn_buf, o_buf, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, KEEP: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -980,6 +999,8 @@ def chunk_output_kernel(
         b_s += _mm(b_q, tl.trans(b_a), DT_ID)
     b_o = b_o * tl.exp2(b_g)[:, None]
     b_s = tl.where(m_le, b_s * tl.exp2(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+    if KEEP and i_v == 0:  # a training call's scores, for the reverse state pass (compiler/plan.py: scores_kept)
+        tl.store(s_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), _round(b_s, DT_ID).to(s_buf.dtype.element_ty), mask=m_r[:, None])
     b_o = (b_o + _mm(b_s, b_u, DT_ID)) * scale
     tl.store(o_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_o, DT_ID).to(o_buf.dtype.element_ty), mask=m_rv)
 # ---- stages wy + state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
@@ -1171,56 +1192,13 @@ def chunk_state_output_wy_kernel(
             m_k = o_k < DK
             tl.store(s_out + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], b_h1, mask=m_k[:, None] & m_v[None, :])
 
-# ---- backward stage local_values: dU_local = scale (Q̂⋆A)ᵀ dO, per chunk (no carried state) ---------
-#   The reverse state pass adds (A ⊙ e^{b_c − B}) dH_{n+1}; computing this share for all chunks at once keeps the
-#   c×c scores off its sequential path. Stored in fp32: the state pass rounds dU once, after the sum.
-@triton.jit
-def chunk_bwd_local_values_kernel(
-    g_buf, qh_buf, do_buf, dul_buf, pn_k, cu_seqlens, chunk_indices, scale, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
-):
-    i_v = tl.program_id(0)
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
-    i_h = i_hv // G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    m_rv = m_r[:, None] & m_v[None, :]
-    # (Q̂⋆A)ᵀ is formed directly (A Q̂ᵀ, upper triangle): Triton 3.6 miscompiles tl.trans of a computed tile into
-    # a bf16 dot at 8 warps / 1 stage on sm_90 (illegal memory access)
-    m_ge = o_t[:, None] <= o_t[None, :]
-    b_st = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        _b_q_q = tl.load(qh_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_q = _b_q_q
-        _b_a_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_a = _b_a_k
-        b_st += _mm(b_a, tl.trans(b_q), DT_ID)
-    b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
-    b_st = tl.where(m_ge, b_st * tl.exp2(tl.minimum(b_g[None, :] - b_g[:, None], 0.)), 0.)
-    b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-    b_dul = _mm(b_st, b_do, DT_ID) * scale
-    tl.store(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), b_dul, mask=m_rv)
 # ---- backward stage state_pass (docs/chunk_forms.md §8 step 2): reverse over the chunks of a sequence ------------
 #   store dH_{n+1};  dU = dU_local + (A ⊙ e^{b_c − B}) dH_{n+1}  (dU_local from the local_values stage)
 #   dH_n = Diag(e^{b_c}) dH_{n+1} + scale (Q̂ ⊙ e^B)ᵀ dO − Wᵀ dU
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    g_buf, qh_buf, ql_buf, w_buf, do_buf, dul_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets,
+    g_buf, qh_buf, ql_buf, s_buf, w_buf, do_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets,
     scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -1261,7 +1239,10 @@ def chunk_bwd_state_kernel(
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+            # the chunk-local share of dU from stored scores (compiler/plan.py: scores_in_reverse_pass: the output's Sc or
+            # the interaction's Q⋆A), loaded transposed: scale Sᵀ dO
+            b_st = tl.load(s_buf + t0 * (HV * BT) + (((o_t)[None, :] * HV + i_hv) * BT + o_t[:, None]), mask=m_r[None, :], other=0.)
+            b_du = _mm(b_st, b_do, DT_ID) * scale
             # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
@@ -1321,7 +1302,10 @@ def chunk_bwd_state_kernel(
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
             b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-            b_du = tl.load(dul_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.)
+            # the chunk-local share of dU from stored scores (compiler/plan.py: scores_in_reverse_pass: the output's Sc or
+            # the interaction's Q⋆A), loaded transposed: scale Sᵀ dO
+            b_st = tl.load(s_buf + t0 * (HV * BT) + (((o_t)[None, :] * HV + i_hv) * BT + o_t[:, None]), mask=m_r[None, :], other=0.)
+            b_du = _mm(b_st, b_do, DT_ID) * scale
             # dU: the chunk-local share plus (A ⊙ e^{b_c − B}) dH_{n+1}, over the key blocks
             o_k = o_kb
             m_k = o_k < DK
@@ -1911,12 +1895,11 @@ _KERNEL_ARGS = {
     'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'n0', 'corr_buf', 'cn_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_output_kernel': ('g_buf', 'qh_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP', 'BLOCK_PTR'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_output_kernel': ('g_buf', 'qh_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
     'chunk_state_output_wy_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_bwd_local_values_kernel': ('g_buf', 'qh_buf', 'do_buf', 'dul_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 'w_buf', 'do_buf', 'dul_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
@@ -2013,11 +1996,12 @@ def _rerun_kernels(kept, states=False):
         ("interaction", chunk_interaction_kernel, "chunk"),
         ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
+        ("output", chunk_output_kernel, "output"),
     ]
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "t_buf", "w_buf", "u_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "qh_buf", "ql_buf", "corr_buf", "t_buf", "w_buf", "u_buf", "s_buf"]
 # what a training forward with keep_states adds to them (FLA's disable_recompute): the state pass's H_n and, where
 # the plan's state pass outputs it, U, so that the backward reruns no state pass
 _KEPT_STATES = ["vn_buf", "h_buf"]
@@ -2176,6 +2160,8 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     b["t_buf"] = (TT * HV * BT, dt)  # triangular_solve.Tm
     b["w_buf"] = (TT * HV * DK, dt)  # wy.W
     b["u_buf"] = (TT * HV * DV, dt)  # wy.Ut
+    if keep:  # read back by the backward only
+        b["s_buf"] = (TT * HV * BT, dt)  # output.Sc
     return b
 
 
@@ -2467,7 +2453,6 @@ def _bwd_kernels():
     """(name, kernel, grid kind) of the backward, in launch order."""
     # the stages of the backward plan (compiler/plan.py: build_backward_plan), in its order
     return [
-        ("bwd_local_values", chunk_bwd_local_values_kernel, "output"),
         ("bwd_state", chunk_bwd_state_kernel, "state"),
         ("bwd_solve", chunk_bwd_solve_kernel, "chunk"),
         ("bwd_key_grads", chunk_bwd_grad_kernel, "chunk_keys"),
@@ -2484,7 +2469,6 @@ def _cp_bwd_kernels():
     stage tagged first / aux_first runs with the slice's own final-state adjoints (for d0, the exchange's), one tagged
     again / aux_again after the exchange (a hook: kernel None) with the later ranks' adjoint added."""
     return [
-        ("bwd_local_values", chunk_bwd_local_values_kernel, "output", None),
         ("bwd_state", chunk_bwd_state_kernel, "state", "first"),
         ("cp_state", None, "hook", None),
         ("bwd_state", chunk_bwd_state_kernel, "state", "again"),
@@ -2670,7 +2654,6 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # hold one row of tokens per block of key channels (run.nkg, run.nkc, run.nkp; codegen/address.py: partial_row).
     fp32 = torch.float32
     make = {}
-    make["dul_buf"] = (TT * HV * DV, fp32)  # bwd_local_values.dUl
     make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
     make["du_buf"] = (TT * HV * DV, dt)  # bwd_state_pass.dU
     make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
