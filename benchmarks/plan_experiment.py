@@ -77,11 +77,18 @@ def _more_scores(plan) -> Callable:  # noqa: ANN001
     return _for_renamed(plan._scores_kept, "more_scores", lambda b: plan.KEEP_SCORES and b.family == "tied")
 
 
+def _wy_train(plan) -> Callable:  # noqa: ANN001
+    """A training forward forms the WY form inside its fused state pass + output, storing W and Ũ for the backward
+    (compiler/plan.py: WY_IN_TRAINING_STATE_PASS, off in the shipped plan), for the renamed spec."""
+    return _for_renamed(plan._wy_in_training_state_pass, "wy_train", lambda b: True)
+
+
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
            "keep_scores": ("_scores_kept", _keep_scores),
            "no_keep_scores": ("_scores_kept", _no_keep_scores),
-           "more_scores": ("_scores_kept", _more_scores)}
+           "more_scores": ("_scores_kept", _more_scores),
+           "wy_train": ("_wy_in_training_state_pass", _wy_train)}
 
 
 def renamed(text: str, name: str, suffix: str) -> str:

@@ -253,9 +253,17 @@ FORWARD_RULES = {
 # the kernel computing both. The output in the state pass (scalar or no decay; compiler/plan.py:
 # _output_in_state_pass) is its own kernel and launch-table entry: the backward's rerun of the state pass, which
 # stores H_n and U for the backward stages, keeps the state pass's own kernel.
+# Keys: the host and its guests' kinds, in the plan's order. A training forward whose plan fuses the wy stage into the
+# state pass too (compiler/plan.py: wy_in_training_state_pass) takes the WY variant that stores W and Ũ for the
+# backward (the `wy_stores` hook); it shares the inference variant's launch-table entry.
 FUSED_RULES = {
     ("state_pass", "output"): Launch("state_output", "chunk_state_output_kernel", "state", "chunk_state_output.jinja"),
+    ("state_pass", "wy", "output"): Launch("state_output_wy", "chunk_state_output_wy_keep_kernel", "state",
+                                           "chunk_state_output.jinja", frozenset({"wy_inside", "wy_stores"})),
 }
+# the guest kinds that have launches of their own when their host's group is unfused (or only partly among a list's
+# stages: the backward's reruns, a context-parallel phase)
+FUSABLE_GUESTS = ("wy", "output")
 # An inference forward's fused kernel with the wy stage formed inside it as well (the wy stage's inference_fused;
 # compiler/plan.py: wy_in_inference_state_pass): the same template with the `wy_inside` hook, its own kernel and
 # launch-table entry.
@@ -367,9 +375,10 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
     """The launches that compute the forward plan's stages of `kinds` (default: every stage), or of the stages named
     `names`, in the plan's order.
 
-    A fused stage runs inside its host's launch; where a FUSED_RULES guest is among the stages, the host's launch is
-    the fused kernel, else the host's own (the backward reruns the state pass without the output). `unfused`: a
-    FUSED_RULES guest in a launch of its own, after its host's (the plan's `unfused_when` form, chosen per call)."""
+    A fused stage runs inside its host's launch; where the host and its FUSABLE_GUESTS among the stages have a
+    FUSED_RULES kernel, that kernel, else each its own launch (the backward reruns the state pass without the output).
+    `unfused`: each guest in a launch of its own, in the plan's order (the plan's `unfused_when` form, chosen per
+    call)."""
     stages = [st for st in plan.stages() if (kinds is None or st.kind in kinds) and (names is None or st.name in names)]
     if plan.family == "untied":
         rules = {**FORWARD_RULES, **UNTIED_RULES}
@@ -381,11 +390,15 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         rules = {**rules, **SPLIT_KEYS_RULES}
     out = []
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
-        guests = [st.kind for st in stages if st.kind != host and launch_of(st) == host and (host, st.kind) in FUSED_RULES]
-        if guests and unfused:
-            out += [rules[host], rules[guests[0]]]
+        # the host's group in the plan's order: itself (where among the stages) and its guests with launches of
+        # their own when unfused; the others (the solve in the interaction, ...) have no launch but the host's
+        group = [st.kind for st in stages
+                 if st.kind == host or (launch_of(st) == host and st.kind in FUSABLE_GUESTS)]
+        key = (host, *[k for k in group if k != host])
+        if host not in group or (len(group) > 1 and (unfused or key not in FUSED_RULES)):
+            out += [rules[k] for k in group]
         else:
-            out.append(FUSED_RULES[(host, guests[0])] if guests else rules[host])
+            out.append(FUSED_RULES[key] if len(group) > 1 else rules[host])
     return out
 
 
@@ -395,10 +408,12 @@ def inference_forward_launches(plan: Plan) -> list[Launch]:
     call launches forward_launches)."""
     if not wy_in_inference_state_pass(plan):
         return []
-    fused = FUSED_RULES[("state_pass", "output")]
-    out = [INFERENCE_FUSED_RULES[("state_pass", "output")] if la == fused else la
-           for la in forward_launches(plan) if la.name != "wy"]
-    assert fused not in out and len(out) == len(forward_launches(plan)) - 1, plan.name
+    inference = INFERENCE_FUSED_RULES[("state_pass", "output")]
+    training = forward_launches(plan)
+    out = [inference if la in FUSED_RULES.values() else la for la in training if la.name != "wy"]
+    # the training forward ran a wy launch and the fused kernel without W and Ũ, or (wy_in_training_state_pass) the
+    # fused kernel that stores them
+    assert inference in out and len(out) == len(training) - ("wy" in [la.name for la in training]), plan.name
     return out
 
 

@@ -624,9 +624,11 @@ def rule_wy(b: _Builder) -> None:
     outs = [b.new("W", "[B,T,HV,dk]", "in"), b.new("Ut", "[B,T,HV,dv]", "in")]
     row = "exclusive" if b.op("bx") else "inclusive"
     if b.family == "tied":
+        inference = _wy_in_inference_state_pass(b)
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
               row_decay=row, form="W = T(E*e^B), Ut = T Z",
-              inference_fused="state_pass" if _wy_in_inference_state_pass(b) else None)
+              inference_fused="state_pass" if inference else None,
+              fused="state_pass" if inference and _wy_in_training_state_pass(b) else None)
     else:
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
@@ -649,6 +651,26 @@ def _wy_in_inference_state_pass(b: _Builder) -> bool:
     rows (an exclusive e^{b_(t-1)} is left to the wy launch) and no residual route (it stores (T − I) Z for its own
     rounding: residual_solve)."""
     return (b.family == "tied" and _output_in_state_pass(b) and not residual_solve(b) and not b.op("bx"))
+
+
+# Whether a training forward forms the WY form inside its fused state pass + output too, where an inference forward
+# does (_wy_in_inference_state_pass): U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) as the inference kernel forms it, and each state
+# program stores its share of what the backward's state passes read, Ũ = T (β ⊙ Z) for its value columns and W = T (β
+# ⊙ E ⊙ e^B) for a share of the key columns (products off the loop-carried chain H_n → U → H_{n+1}), so no wy launch
+# runs. The backward is unchanged: its rerun of the state pass reads the stored W and Ũ. Off until timed.
+WY_IN_TRAINING_STATE_PASS = False
+
+
+def _wy_in_training_state_pass(b: _Builder) -> bool:
+    """Where an inference forward forms the WY form in its fused kernel (the caller checks), whether a training
+    forward does too: while WY_IN_TRAINING_STATE_PASS is on."""
+    return WY_IN_TRAINING_STATE_PASS
+
+
+def wy_in_training_state_pass(p: Plan) -> bool:
+    """The plan's decision (rule_wy): a training forward's fused state pass + output forms W and Ũ and stores them."""
+    wy = p.find("wy")
+    return bool(wy) and wy[0].attr("fused") == "state_pass"
 
 
 def wy_in_inference_state_pass(p: Plan) -> bool:
