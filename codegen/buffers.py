@@ -26,7 +26,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler.plan import BackwardPlan, Operand, Plan, Stage, build_backward_plan, kept_states, launch_of, stored
+from ..compiler.plan import (
+    BackwardPlan,
+    Operand,
+    Plan,
+    Stage,
+    build_backward_plan,
+    call_launch_of,
+    kept_states,
+    stored,
+)
 
 # a forward stage's stored operand -> the buffer its kernels name
 BUFFER_OF = {("l2norm", "qn"): "pn_q", ("l2norm", "kn"): "pn_k",
@@ -80,8 +89,9 @@ def _numel(o: Operand) -> str:
 
 def _read_back_in_forward(plan: Plan, st: Stage, o: Operand) -> bool:
     """Whether a forward launch other than the producer's loads `o` (a consumer fused into the producer's launch
-    takes it from registers)."""
-    return any(launch_of(c) is None or launch_of(c) != launch_of(st) for c in plan.stages() if o.name in c.inputs)
+    takes it from registers), in some call: a stage a call may unfuse counts as its own launch (call_launch_of)."""
+    return any(call_launch_of(c) is None or call_launch_of(c) != call_launch_of(st)
+               for c in plan.stages() if o.name in c.inputs)
 
 
 def token_buffers(plan: Plan) -> tuple[TokenBuffer, ...]:

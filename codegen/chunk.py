@@ -82,6 +82,7 @@ import sympy as sp
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
+    PER_CALL_GUESTS,
     BackwardPlan,
     Plan,
     beta_gradient,
@@ -263,7 +264,7 @@ FUSED_RULES = {
 }
 # the guest kinds that have launches of their own when their host's group is unfused (or only partly among a list's
 # stages: the backward's reruns, a context-parallel phase)
-FUSABLE_GUESTS = ("wy", "output")
+FUSABLE_GUESTS = PER_CALL_GUESTS
 # An inference forward's fused kernel with the wy stage formed inside it as well (the wy stage's inference_fused;
 # compiler/plan.py: wy_in_inference_state_pass): the same template with the `wy_inside` hook, its own kernel and
 # launch-table entry.
@@ -392,8 +393,7 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
         # the host's group in the plan's order: itself (where among the stages) and its guests with launches of
         # their own when unfused; the others (the solve in the interaction, ...) have no launch but the host's
-        group = [st.kind for st in stages
-                 if st.kind == host or (launch_of(st) == host and st.kind in FUSABLE_GUESTS)]
+        group = [st.kind for st in stages if launch_of(st) == host and (st.kind == host or st.kind in FUSABLE_GUESTS)]
         key = (host, *[k for k in group if k != host])
         if host not in group or (len(group) > 1 and (unfused or key not in FUSED_RULES)):
             out += [rules[k] for k in group]

@@ -180,6 +180,17 @@ class Plan:
         return any(operand in s.inputs for s in self.find(consumer_kind))
 
 
+# Stages fused into another's launch that a call may still run in launches of their own: the output in the state pass
+# (its unfused_when: few state programs), and the wy stage fused there with it (wy_in_training_state_pass). Codegen's
+# unfused form launches them alone; what passes between them then goes through memory (codegen/buffers.py).
+PER_CALL_GUESTS = ("wy", "output")
+
+
+def call_launch_of(st: Stage) -> str | None:
+    """launch_of(st), or the stage's own launch where a call may unfuse it (PER_CALL_GUESTS)."""
+    return st.kind if st.kind in PER_CALL_GUESTS else launch_of(st)
+
+
 def launch_of(st: Stage) -> str | None:
     """The launch that computes `st`: its own (its kind), a fused consumer's (attribute `fused`), or none
     ("loads": evaluated inside every consumer's tile loads)."""
