@@ -103,6 +103,7 @@ from ..compiler.plan import (
     value_side_once,
     wy_in_inference_state_pass,
 )
+from . import launch as launch_settings
 from .address import ROWS, partial_row, row_offset
 from .buffers import allocation_code, backward_buffers, kept_buffers, kept_state_buffers, make_code, token_buffers
 from .decay import OMIT, decay_hook
@@ -272,6 +273,11 @@ INFERENCE_FUSED_RULES = {
     ("state_pass", "output"): Launch("state_output_wy", "chunk_state_output_wy_kernel", "state",
                                      "chunk_state_output.jinja", frozenset({"wy_inside"})),
 }
+# The wy stage with one program per block of columns (codegen/launch.py WY_COLUMN_PROGRAMS): grid kind chunk_columns
+# (W's key-column blocks, then Ũ's value-column blocks; NT; HV), the template's split_columns hook.
+WY_SPLIT_RULES = {
+    "wy": Launch("wy", "chunk_wy_kernel", "chunk_columns", "chunk_wy.jinja", frozenset({"split_columns"})),
+}
 # The state pass split over blocks of key rows where it runs alone (its plan attribute key_blocks; the template's
 # split_keys hook): the additive family without a route, whose rows no term couples.
 SPLIT_KEYS_RULES = {
@@ -389,6 +395,8 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         rules = FORWARD_RULES
     if any(st.attr("key_blocks") for st in stages if st.kind == "state_pass"):
         rules = {**rules, **SPLIT_KEYS_RULES}
+    if launch_settings.WY_COLUMN_PROGRAMS:  # read at each call: benchmarks patch it
+        rules = {**rules, **WY_SPLIT_RULES}
     out = []
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
         # the host's group in the plan's order: itself (where among the stages) and its guests with launches of

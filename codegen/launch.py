@@ -19,6 +19,14 @@ WHOLE_VALUE_ROWS = ("bwd_inputs",)
 WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
 
 
+# Whether the wy stage runs one program per block of columns (of W's key columns or Ũ's value columns) of a chunk and
+# head, rather than one per chunk and head walking them all: the grid kind chunk_columns, the template's
+# split_columns hook (codegen/chunk.py WY_SPLIT_RULES). A program's work is a chain of dependent steps (load T and a
+# tile, one product, one store), and one per chunk and head chained three or four of them (gdn at dk = dv = 128:
+# 0.113 ms for ~75 MB, a fifth of HBM's rate). Off until timed.
+WY_COLUMN_PROGRAMS = False
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -90,6 +98,8 @@ def table_launch(name: str, DK: int, DV: int, decay: str, family: str, route: st
     if name == "decay_keys":
         return bk_block, bv_full, 4, 1
     if name == "wy":
+        if WY_COLUMN_PROGRAMS:  # one block of W's key columns or Ũ's value columns per program
+            return bk_block, bv_full, 4, 1
         return BK, bv_full, 4, 1
     if name == "output":
         if precond == "diag" and decay != "vector":

@@ -1469,6 +1469,8 @@ class _Run:
                 # the key blocks of a chunk and head launch next to each other: their per-token value tiles (dO, U,
                 # dU) are read from L2 by all but the first
                 grid = (triton.cdiv(DK, BK), NT, HV)
+            elif kind == "chunk_columns":  # per chunk and head, one program per block of BK key or BV value columns
+                grid = (triton.cdiv(DK, BK) + triton.cdiv(DV, BV), NT, HV)
             elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows, next to each other too
                 grid = (triton.cdiv(DK, BK) * (BT // BC), NT, HV)
             elif kind == "rows":
