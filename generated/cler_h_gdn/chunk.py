@@ -172,17 +172,16 @@ def chunk_l2norm_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_rk = (o_t < TT - t0)[:, None] & (o_k < DK)[None, :]
-    # every tensor's tile loaded before any is reduced, so that their loads' latencies overlap
-    o_qx = (o_t[:, None] * H + i_p) * DK + o_k[None, :]
-    m_qx = m_rk & (i_p < H)
-    b_qx = tl.load(p_q + t0 * (H * DK) + o_qx, mask=m_qx, other=0.).to(tl.float32)
-    o_kx = (o_t[:, None] * H + i_p) * DK + o_k[None, :]
-    m_kx = m_rk & (i_p < H)
-    b_kx = tl.load(p_k + t0 * (H * DK) + o_kx, mask=m_kx, other=0.).to(tl.float32)
-    b_qx = b_qx * tl.rsqrt(tl.sum(b_qx * b_qx, 1) + 1e-06)[:, None]
-    tl.store(pn_q + t0 * (H * DK) + o_qx, _round(b_qx, DT_ID).to(pn_q.dtype.element_ty), mask=m_qx)
-    b_kx = b_kx * tl.rsqrt(tl.sum(b_kx * b_kx, 1) + 1e-06)[:, None]
-    tl.store(pn_k + t0 * (H * DK) + o_kx, _round(b_kx, DT_ID).to(pn_k.dtype.element_ty), mask=m_kx)
+    if i_p < H:
+        o_x = (o_t[:, None] * H + i_p) * DK + o_k[None, :]
+        b_x = tl.load(p_q + t0 * (H * DK) + o_x, mask=m_rk, other=0.).to(tl.float32)
+        b_x = b_x * tl.rsqrt(tl.sum(b_x * b_x, 1) + 1e-06)[:, None]
+        tl.store(pn_q + t0 * (H * DK) + o_x, _round(b_x, DT_ID).to(pn_q.dtype.element_ty), mask=m_rk)
+    if i_p < H:
+        o_x = (o_t[:, None] * H + i_p) * DK + o_k[None, :]
+        b_x = tl.load(p_k + t0 * (H * DK) + o_x, mask=m_rk, other=0.).to(tl.float32)
+        b_x = b_x * tl.rsqrt(tl.sum(b_x * b_x, 1) + 1e-06)[:, None]
+        tl.store(pn_k + t0 * (H * DK) + o_x, _round(b_x, DT_ID).to(pn_k.dtype.element_ty), mask=m_rk)
 # ---- stage gates + chunk_cumsum: b = chunk-local inclusive cumsum of the log-gate, in log2 units --------
 @triton.jit
 def chunk_cumsum_kernel(
