@@ -251,11 +251,11 @@ FORWARD_RULES = {
     "state_pass": Launch("state_pass", "chunk_state_pass_kernel", "state", "chunk_state_pass.jinja"),
     "output": Launch("output", "chunk_output_kernel", "output", "chunk_output.jinja"),
 }
-# A host stage with a stage of another kind fused into it, where that changes the host's kernel: (host, guest) ->
-# the kernel computing both. The output in the state pass (scalar or no decay; compiler/plan.py:
+# A host stage with stages of other kinds fused into it, where that changes the host's kernel: (host, guest, ...) ->
+# the kernel computing them all. The output in the state pass (scalar or no decay; compiler/plan.py:
 # _output_in_state_pass) is its own kernel and launch-table entry: the backward's rerun of the state pass, which
 # stores H_n and U for the backward stages, keeps the state pass's own kernel.
-# Keys: the host and its guests' kinds, in the plan's order. A training forward whose plan fuses the wy stage into the
+# The guests' kinds in the plan's order. A training forward whose plan fuses the wy stage into the
 # state pass too (compiler/plan.py: wy_in_training_state_pass) takes the WY variant that stores W and Ũ for the
 # backward (the `wy_stores` hook); it shares the inference variant's launch-table entry.
 FUSED_RULES = {
@@ -263,9 +263,6 @@ FUSED_RULES = {
     ("state_pass", "wy", "output"): Launch("state_output_wy", "chunk_state_output_wy_keep_kernel", "state",
                                            "chunk_state_output.jinja", frozenset({"wy_inside", "wy_stores"})),
 }
-# the guest kinds that have launches of their own when their host's group is unfused (or only partly among a list's
-# stages: the backward's reruns, a context-parallel phase)
-FUSABLE_GUESTS = PER_CALL_GUESTS
 # An inference forward's fused kernel with the wy stage formed inside it as well (the wy stage's inference_fused;
 # compiler/plan.py: wy_in_inference_state_pass): the same template with the `wy_inside` hook, its own kernel and
 # launch-table entry.
@@ -382,8 +379,9 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
     """The launches that compute the forward plan's stages of `kinds` (default: every stage), or of the stages named
     `names`, in the plan's order.
 
-    A fused stage runs inside its host's launch; where the host and its FUSABLE_GUESTS among the stages have a
-    FUSED_RULES kernel, that kernel, else each its own launch (the backward reruns the state pass without the output).
+    A fused stage runs inside its host's launch; where the host and its guests among the stages that have launches
+    of their own when unfused (compiler/plan.py PER_CALL_GUESTS) have a FUSED_RULES kernel, that kernel, else each its
+    own launch (the backward reruns the state pass without the output).
     `unfused`: each guest in a launch of its own, in the plan's order (the plan's `unfused_when` form, chosen per
     call)."""
     stages = [st for st in plan.stages() if (kinds is None or st.kind in kinds) and (names is None or st.name in names)]
@@ -401,7 +399,7 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
     for host in dict.fromkeys(h for st in stages if (h := launch_of(st)) is not None):
         # the host's group in the plan's order: itself (where among the stages) and its guests with launches of
         # their own when unfused; the others (the solve in the interaction, ...) have no launch but the host's
-        group = [st.kind for st in stages if launch_of(st) == host and (st.kind == host or st.kind in FUSABLE_GUESTS)]
+        group = [st.kind for st in stages if launch_of(st) == host and (st.kind == host or st.kind in PER_CALL_GUESTS)]
         key = (host, *[k for k in group if k != host])
         if host not in group or (len(group) > 1 and (unfused or key not in FUSED_RULES)):
             out += [rules[k] for k in group]
