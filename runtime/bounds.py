@@ -85,6 +85,9 @@ def checked_bounds() -> Iterator[Stats]:
     def check(ptrs, mask, what: str) -> None:  # noqa: ANN001
         stats.accesses += 1
         m = mask.data if isinstance(mask, ti.TensorHandle) else np.asarray(mask)  # a block pointer's: an array
+        # as booleans: a mask combined with a scalar condition (`m & (i < H)`) reaches the builder as int32 0/1, which
+        # would index the addresses by position instead of selecting them
+        m = m.astype(bool)
         addr = np.broadcast_to(ptrs.data, np.broadcast_shapes(ptrs.data.shape, m.shape))
         live = addr[np.broadcast_to(m, addr.shape)]  # the builder's unmasked loads pass an all-true mask
         if live.size == 0:

@@ -55,6 +55,31 @@ def test_masked_lanes_are_not_accesses() -> None:
     assert torch.equal(y[:-6], x[6:] + 1)
 
 
+@triton.jit
+def _rows_of_head(x, y, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Rows of one head of a [T, H, D] tensor, BD ≥ D lanes per row; programs past the heads load nothing. The mask
+    combines a 2-D tile mask with a scalar condition, which the interpreter hands the builder as int32 0/1."""
+    i_p = tl.program_id(0)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BD)
+    m = ((o_t < T)[:, None] & (o_d < D)[None, :]) & (i_p < H)
+    o = (o_t[:, None] * H + i_p) * D + o_d[None, :]
+    tl.store(y + o, tl.load(x + o, mask=m, other=0.) + 1, mask=m)
+
+
+def test_a_mask_with_a_scalar_condition() -> None:
+    """Masked lanes of a mask combined with a scalar are not accesses (read as indices, the int32 mask once put lanes
+    past each row's D in), and an unmasked overrun through it is still caught."""
+    x, y = torch.arange(2 * 2 * 6, dtype=torch.float32), torch.zeros(2 * 2 * 6)
+    with checked_bounds() as stats:
+        _rows_of_head[(3,)](x, y, 2, H=2, D=6, BT=2, BD=8)
+    assert stats.accesses == 6 and torch.equal(y, x + 1)
+    # a third row that x does not have: head 0's reaches elements 24-29 of 24
+    with pytest.raises(Exception, match=r"_rows_of_head program \(0, 0, 0\): load through x reaches 24 B past"):
+        with checked_bounds():
+            _rows_of_head[(3,)](x, y, 3, H=2, D=6, BT=4, BD=8)
+
+
 def test_a_load_past_the_end_is_caught() -> None:
     x, y = torch.arange(30, dtype=torch.float32), torch.zeros(30)
     with pytest.raises(Exception, match=r"_shifted_copy program \(1, 0, 0\): load through x reaches 8 B past its last"):
