@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run 132 (thirtieth session). WY_COLUMN_PROGRAMS is on in this tree (shipped speculatively, interpreter-verified);
+# `sections` times it against the form it replaced, so the tables below are at the commit that ships it.
+#   sections: (~150 s) wy with one program per block of columns vs one per chunk (kernel_sections --patch
+#             ...WY_COLUMN_PROGRAMS=False is the old form): prediction gdn wy 0.113 -> ~0.06 ms, kda 0.159 -> ~0.09
+#             (H100, run 130); the l2norm kernel at other rows per program / warps: prediction -0.02 to -0.04 ms.
+#   scalar:   (~400 s, carry .whl .bench .fqla) GPU gradient checks of gdn/kda/cler_h_gdn/rwkv7_dplr with the new wy
+#             launch, then the scalar FLA table with accuracy and FlashQLA next to gdn (its JIT ~90 s).
+#   rest:     (~350 s, carry .whl .bench) the vector FLA table with accuracy, both variant families, cold start.
+# Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh sections|scalar|rest   (writes under $OUT)
+. benchmarks/device_env.sh || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+q() { grep -v -i warn; }
+sections() {
+  for s in gdn kda; do
+    timeout 90 python3 benchmarks/kernel_sections.py --system $s --kernel chunk_wy_kernel \
+        --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=False --rounds 5 2>&1 | q | tail -3
+  done
+  timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
+      --set num_warps=2 num_warps=8 BT=32,grid0=512 BT=16,grid0=1024 BT=32,grid0=512,num_warps=2 --rounds 5 2>&1 \
+      | q | tail -7
+}
+scalar() {
+  if [ -f .fqla/flashqla_site.tar.xz ]; then
+    fq="${TMPDIR:-/tmp}/dgps_device/fqla"
+    mkdir -p "$fq" && xz -d < .fqla/flashqla_site.tar.xz | tar -C "$fq" --strip-components=1 -xf -
+    export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
+  fi
+  timeout 100 python3 benchmarks/check_gpu_grads.py --systems gdn kda cler_h_gdn rwkv7_dplr --dtype bf16 2>&1 | q | tail -5
+  timeout 420 python3 benchmarks/bench_fla.py --reps 5 --profile --accuracy --json $OUT/run132_scalar.json 2>&1 \
+      | q | tail -8
+}
+rest() {
+  timeout 150 python3 benchmarks/bench_fla.py --systems gla kda gdn2 precond_kda --reps 5 --profile --accuracy \
+      --json $OUT/run132_vector.json 2>&1 | q | tail -6
+  timeout 150 python3 benchmarks/bench_fla.py --systems --variants --reps 3 --profile \
+      --json $OUT/run132_variants.json 2>&1 | q | grep "^variants"
+  timeout 60 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 1 \
+      --cold-start-modes threads --json $OUT/run132_cold.json 2>&1 | q | grep -A3 "cold start"
+}
+case "$1" in
+sections) sections ;;
+scalar) scalar ;;
+rest) rest ;;
+*) echo "usage: $0 sections|scalar|rest"; exit 2 ;;
+esac
+echo "== done"
