@@ -19,6 +19,13 @@ sections() {
   timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
       --set num_warps=2 num_warps=8 BT=32,grid0=512 BT=16,grid0=1024 BT=32,grid0=512,num_warps=2 --rounds 5 2>&1 \
       | q | tail -7
+  # q's and k's tiles loaded together before either store (the stores may alias the next load's input, so the
+  # compiler keeps the written order: one round trip each)
+  timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
+      --sub benchmarks/runs/2026-12-06_run132_l2norm_sub.json --rounds 5 2>&1 | q | tail -4
+  # the l2norm backward (bwd_inputs: 0.178 ms for ~400 MB, the fp32 adjoints of q and k) at other warp counts
+  timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_bwd_inputs_kernel \
+      --set num_warps=4 num_warps=16 --rounds 5 2>&1 | q | tail -3
 }
 scalar() {
   if [ -f .fqla/flashqla_site.tar.xz ]; then
