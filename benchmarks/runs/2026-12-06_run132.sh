@@ -7,7 +7,8 @@
 #   scalar:   (~400 s, carry .whl .bench .fqla) GPU gradient checks of gdn/kda/cler_h_gdn/rwkv7_dplr with the new wy
 #             launch, then the scalar FLA table with accuracy and FlashQLA next to gdn (its JIT ~90 s).
 #   rest:     (~350 s, carry .whl .bench) the vector FLA table with accuracy, both variant families, cold start.
-# Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh sections|scalar|rest   (writes under $OUT)
+#   both:     sections, then gdn with FlashQLA and accuracy, then the other three scalar systems (~550 s).
+# Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh sections|scalar|rest|both   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 q() { grep -v -i warn; }
@@ -45,10 +46,24 @@ rest() {
   timeout 60 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 1 \
       --cold-start-modes threads --json $OUT/run132_cold.json 2>&1 | q | grep -A3 "cold start"
 }
+# one call when the device is scarce: the sections, gdn with FlashQLA (and accuracy), then the other scalar systems
+both() {
+  sections
+  if [ -f .fqla/flashqla_site.tar.xz ]; then
+    fq="${TMPDIR:-/tmp}/dgps_device/fqla"
+    mkdir -p "$fq" && xz -d < .fqla/flashqla_site.tar.xz | tar -C "$fq" --strip-components=1 -xf -
+    export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
+  fi
+  timeout 240 python3 benchmarks/bench_fla.py --systems gdn --reps 5 --profile --accuracy \
+      --json $OUT/run132_gdn.json 2>&1 | q | tail -6
+  timeout 200 python3 benchmarks/bench_fla.py --systems simple_gla delta_rule precond_gdn --reps 5 --profile \
+      --accuracy --json $OUT/run132_scalar3.json 2>&1 | q | tail -6
+}
 case "$1" in
+both) both ;;
 sections) sections ;;
 scalar) scalar ;;
 rest) rest ;;
-*) echo "usage: $0 sections|scalar|rest"; exit 2 ;;
+*) echo "usage: $0 sections|scalar|rest|both"; exit 2 ;;
 esac
 echo "== done"
