@@ -257,6 +257,27 @@ class _Tie(torch.autograd.Function):
         return (do, *(torch.zeros(s, dtype=dt, device=dev) for s, dt, dev in ctx.likes))
 
 
+def halo(xs: Mapping[str, torch.Tensor], width: int, group: Any, lengths: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The `width` tokens before this rank's slice of each [B, T_r, C] tensor, [B, width, C] (zeros before the first
+    token of the pack): the halo a causal convolution of width + 1 taps reads across the slice boundary. One
+    differentiable all_gather of every rank's last `width` tokens (left-padded where a slice is shorter), so the
+    halo's gradient goes back to the ranks that own those tokens; a halo may span several ranks. `lengths`: every
+    rank's T_r (_gather_lengths)."""
+    rank = _rank(group)
+    tails = []
+    for x in xs.values():
+        t = x[:, max(0, x.shape[1] - width):]
+        tails.append(torch.cat([t.new_zeros(t.shape[0], width - t.shape[1], t.shape[2]), t], dim=1))
+    gathered, raw = _all_gather(tails, group)
+    out = {}
+    for i, (name, x) in enumerate(xs.items()):
+        # the earlier ranks' own tokens (the padding dropped), nearest last, behind zeros for the pack's start
+        before = [gathered[j][i][:, width - min(lengths[j], width):] for j in range(rank)]
+        prev = torch.cat([x.new_zeros(x.shape[0], width, x.shape[2]), *before], dim=1)[:, -width:]
+        out[name] = _Tie.apply(prev, *raw) if i == 0 else prev  # every rank reaches the gather's backward
+    return out
+
+
 def _rank(group: Any) -> int:
     import torch.distributed as dist
 

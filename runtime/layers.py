@@ -296,19 +296,62 @@ class DGPSLayer(nn.Module):
              cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         B, T, _ = hidden.shape
         xs = {"q": self.q_proj(hidden), "k": self.k_proj(hidden), "v": self.v_proj(hidden)}
-        new_cache = {}
-        for n in ("q", "k", "v"):
-            if self.use_short_conv:
-                conv = getattr(self, f"{n}_conv1d")
-                xs[n], new_cache[n] = conv(xs[n], None if conv_cache is None else conv_cache.get(n), cu_seqlens)
-            else:
-                xs[n] = F.silu(xs[n])
+        new_cache: dict[str, torch.Tensor] = {}
+        if self.use_short_conv and self.cp_group is not None:  # a CP slice: the convolutions read a halo
+            xs, new_cache = self._conv_cp(xs, conv_cache, cu_seqlens)
+        else:
+            for n in ("q", "k", "v"):
+                if self.use_short_conv:
+                    conv = getattr(self, f"{n}_conv1d")
+                    xs[n], new_cache[n] = conv(xs[n], None if conv_cache is None else conv_cache.get(n), cu_seqlens)
+                else:
+                    xs[n] = F.silu(xs[n])
         xs["q"] = xs["q"].reshape(B, T, self.H, self.dk)
         xs["k"] = xs["k"].reshape(B, T, self.H, self.dk)
         xs["v"] = xs["v"].reshape(B, T, self.HV, self.dv)
         if self.qk_norm:
             xs["q"], xs["k"] = _l2norm(xs["q"]), _l2norm(xs["k"])
         return xs, new_cache
+
+    def _conv_cp(self, xs: dict[str, torch.Tensor], conv_cache: dict[str, torch.Tensor] | None,
+                 cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The short convolutions of one CP slice (`cu_seqlens`: the global pack's, as the recurrence takes them).
+        Each local segment starts from the conv_size − 1 inputs before it: for the segment that continues a sequence
+        from the earlier ranks, their last tokens (runtime/cp.py `halo`, one all_gather for q, k and v, its gradient
+        sent back to their owners), the sequence's initial cache (`conv_cache`, per global sequence) in the positions
+        before the sequence's first token; for a segment that starts in the slice, its initial cache. The new caches
+        come back per global sequence, filled on the rank where the sequence ends and zero elsewhere (as the
+        recurrence's final states)."""
+        from dgps.runtime.cp import _gather_lengths, _rank, halo, slice_layout
+
+        B, T, _ = xs["q"].shape
+        group, w = self.cp_group, self.q_conv1d.kernel_size - 1
+        lengths = _gather_lengths(T, group, xs["q"].device)
+        start = sum(lengths[:_rank(group)])
+        cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
+        lay = slice_layout(cu, B, start, start + T, sum(lengths))
+        prev = halo(xs, w, group, lengths)
+        # the halo's positions start − w .. start − 1: the continued sequence's tokens from its first one (s0) on,
+        # its initial cache before it (position s0 − j is the cache's j-th entry from its end)
+        s0 = 0 if cu is None else cu[lay.rows[0]]
+        pos = torch.arange(start - w, start, device=xs["q"].device)
+        inside = (pos >= s0)[None, None, :]
+        cache_col = (pos - s0 + w).clamp(0, w - 1)
+        first = list(lay.rows) if not lay.packed else [lay.rows[0]]
+        local_cu = None if not lay.packed else torch.tensor(lay.local_cu, dtype=torch.int32)
+        out, new_cache = dict(xs), {}
+        for n in ("q", "k", "v"):
+            x = xs[n]
+            init = conv_cache.get(n) if conv_cache else None
+            rows = init.to(x.dtype) if init is not None else x.new_zeros(lay.n_rows, x.shape[2], w)
+            window = torch.where(inside, prev[n].transpose(1, 2), rows[first][..., cache_col])
+            local = torch.cat([window, rows[list(lay.rows[1:])]], dim=0) if lay.packed else window
+            out[n], mine = getattr(self, f"{n}_conv1d")(x, local, local_cu)
+            placed = mine.new_zeros(lay.n_rows, *mine.shape[1:])
+            ends = [i for i, e in enumerate(lay.ends) if e]
+            placed[[lay.rows[i] for i in ends]] = mine[ends]
+            new_cache[n] = placed
+        return out, new_cache
 
     def recurrence_inputs(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                           conv_cache: dict[str, torch.Tensor] | None = None,
@@ -350,10 +393,9 @@ class DGPSLayer(nn.Module):
         if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden must be [B, T, {self.hidden_size}], got {list(hidden.shape)}")
         B, T, _ = hidden.shape
-        if self.cp_group is not None and (self.use_short_conv or self.backend != "kernel"):
-            raise NotImplementedError(
-                f"{self.ir.name}: DGPSLayer(cp_group=...) needs use_short_conv=False and backend='kernel': the short "
-                "convolution would need the previous rank's last conv_size - 1 tokens (a halo exchange dgps does not do yet)")
+        if self.cp_group is not None and self.backend != "kernel":
+            raise NotImplementedError(f"{self.ir.name}: DGPSLayer(cp_group=...) needs backend='kernel' (the sequential "
+                                      "reference does not chain slices)")
         past_state = past_state or {}
         x, conv_cache = self.recurrence_inputs(hidden, cu_seqlens, past_state.get("conv"), cler_in)
         out = self._recurrence(x, past_state.get("rec"), use_cache, cu_seqlens)

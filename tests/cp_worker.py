@@ -184,41 +184,71 @@ def run_fla_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, f
     return errs
 
 
+# DGPSLayer cases (run_layer_case), LAYOUT: rows (B = 2 rows of 64, equal slices), uneven (the same rows cut into
+# slices shorter than the convolution's halo: a halo spans two earlier ranks), packed (B = 1, 96 tokens, equal slices,
+# the offsets below: sequences start one token before a boundary, so a halo holds another sequence's tokens)
+LAYER_PACKED = {2: (0, 20, 47, 96), 4: (0, 23, 47, 73, 96)}
+LAYER_UNEVEN = {2: (61, 3), 4: (30, 2, 1, 31)}
+
+
 def run_layer_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
-    """DGPSLayer(cp_group=...) on [B, T_r, d] slices against the unsharded layer: output and parameter gradients."""
+    """DGPSLayer(cp_group=...) on slices of the tokens against the unsharded layer: the output, the hidden states'
+    gradient (the halo's share goes back to the rank that owns the tokens), every parameter's gradient and, with
+    initial conv caches (INIT `conv`), the new caches. INIT: zero (no short convolution), conv0 (short convolutions
+    from zero caches), conv (short convolutions from given caches, use_cache)."""
     from dgps.runtime.layers import DGPSLayer
 
-    spec = case.split(":")[0].removeprefix("layer_")
+    spec_name, layout, init = case.split(":")
+    spec = Path(__file__).resolve().parents[1] / "specs" / f"{spec_name.removeprefix('layer_')}.dgps"
     torch.manual_seed(0)
-    kw = dict(hidden_size=32, num_heads=H, head_k_dim=DK, head_v_dim=DV, use_short_conv=False)
-    layer = DGPSLayer(Path(__file__).resolve().parents[1] / "specs" / f"{spec}.dgps", **kw)
+    kw = dict(hidden_size=32, num_heads=H, head_k_dim=DK, head_v_dim=DV, use_short_conv=init != "zero")
+    layer = DGPSLayer(spec, **kw)
     gen = torch.Generator().manual_seed(2)
-    hidden = torch.randn(ROWS_B, ROWS_T, 32, generator=gen)
-    y_full, _, _ = layer(hidden)
+    packed = layout == "packed"
+    B, T = (1, 96) if packed else (ROWS_B, ROWS_T)
+    cu = torch.tensor(LAYER_PACKED[world], dtype=torch.int32) if packed else None
+    lengths = LAYER_UNEVEN[world] if layout == "uneven" else (T // world,) * world
+    hidden = torch.randn(B, T, 32, generator=gen).requires_grad_()
+    past, use_cache = None, init == "conv"
+    if use_cache:
+        n_seq = len(LAYER_PACKED[world]) - 1 if packed else B
+        past = {"conv": {n: torch.randn(n_seq, c.channels, c.kernel_size - 1, generator=gen)
+                         for n, c in (("q", layer.q_conv1d), ("k", layer.k_conv1d), ("v", layer.v_conv1d))}}
+    y_full, state_full, _ = layer(hidden, cu_seqlens=cu, past_state=past, use_cache=use_cache)
     dy = torch.randn(y_full.shape, generator=gen)
     (y_full * dy).sum().backward()
     ref = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    dhidden = hidden.grad.clone()
     # the same layer in float64 through the sequential reference: a gate parameter's gradient is a sum over every token
     # of a cancelling log-gate adjoint (dA_log ~ 0.1 from terms ~1), so fp32 summation order alone moves it by ~3e-5
     # of its size; the CP call is held to the unsharded call's own distance from float64 there
-    exact = DGPSLayer(Path(__file__).resolve().parents[1] / "specs" / f"{spec}.dgps", backend="reference", **kw).double()
+    exact = DGPSLayer(spec, backend="reference", **kw).double()
     exact.load_state_dict(layer.state_dict())
-    y64, _, _ = exact(hidden.double())
+    past64 = None if past is None else {"conv": {n: c.double() for n, c in past["conv"].items()}}
+    y64, _, _ = exact(hidden.detach().double(), cu_seqlens=cu, past_state=past64)
     (y64 * dy.double()).sum().backward()
     ref64 = {n: p.grad for n, p in exact.named_parameters() if p.grad is not None}
     layer.zero_grad()
     layer.cp_group = dist.group.WORLD
-    step = ROWS_T // world
-    lo, hi = rank * step, (rank + 1) * step
-    y, _, _ = layer(hidden[:, lo:hi])
+    lo = sum(lengths[:rank])
+    hi = lo + lengths[rank]
+    mine = hidden.detach()[:, lo:hi].clone().requires_grad_()
+    y, state, _ = layer(mine, cu_seqlens=cu, past_state=past, use_cache=use_cache)
     (y * dy[:, lo:hi]).sum().backward()
     errs = {"y": _max_rel(y, y_full[:, lo:hi])}
+    # the hidden states' gradient: a rank's tokens in a later rank's halo get their share from that rank
+    errs["dhidden"] = _max_rel(mine.grad, dhidden[:, lo:hi])
     for n, p in layer.named_parameters():
         if n in ref:
             g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
             dist.all_reduce(g)
             # how much farther from float64 the CP gradient is than the unsharded one (0 when no farther)
             errs["d" + n] = max(0.0, _max_rel(g, ref64[n]) - _max_rel(ref[n], ref64[n]))
+    if use_cache:  # each sequence's new cache comes from the rank where it ends (zero elsewhere)
+        for n, c in state["conv"].items():
+            c = c.detach().clone()
+            dist.all_reduce(c)
+            errs["conv_" + n] = _max_rel(c, state_full["conv"][n])
     return errs
 
 

@@ -138,6 +138,9 @@ def test_cp_stage_counts_gdn_kda() -> None:
 def test_cp_two_ranks_varlen_every_spec(tmp_path: Path) -> None:
     # global pack (0, 20, 70, 96) on slices of 48: sequence 1 crosses the boundary, sequence 2 starts inside rank 1
     cases = [f"{s}:packed:h0" for s in SPECS8] + ["layer_cler_h_gdn:rows:zero"]  # DGPSLayer(cp_group=...)
+    # DGPSLayer with its short convolutions: the halo across the boundary, from zero caches and from given ones (a
+    # sequence starting one token before the boundary: its halo holds the previous sequence's tokens, masked)
+    cases += ["layer_gdn:rows:conv0", "layer_gdn:packed:conv"]
     _check(_spawn(2, cases, tmp_path), cases, 2)
     _check_counts(tmp_path, cases, 2)
 
@@ -149,6 +152,9 @@ def test_cp_four_ranks_every_spec(tmp_path: Path) -> None:
     # every combination of continuing a sequence / starting one inside / passing one on (cp_worker.OFFSETS)
     cases += ["gdn:packed_b:h0", "pgdn:packed_b:h0", "kda:packed_c:h0", "ccq_gdn:packed_c:h0"]
     cases += ["fla_gdn:packed:zero", "fla_kda:packed:zero"]  # fla_compat with FLA's cp_context
+    # DGPSLayer's convolution halo over slices of 30, 2, 1 and 31 tokens (ranks 2 and 3 read two earlier ranks' tokens),
+    # and a pack whose sequences start one token before the boundaries 24 and 48 (cp_worker.LAYER_PACKED)
+    cases += ["layer_gdn:uneven:conv0", "layer_kda:packed:conv"]
     _check(_spawn(4, cases, tmp_path), cases, 4)
     _check_counts(tmp_path, cases, 4)  # the middle ranks run both passes of the backward
 

@@ -127,6 +127,16 @@ def test_layer_packed_sequences_do_not_mix() -> None:
         torch.testing.assert_close(state["conv"][n], torch.cat([sa["conv"][n], sb["conv"][n]]))
 
 
+def test_layer_cp_refuses_the_reference_backend() -> None:
+    """Context parallelism chains the kernel path's slices; the sequential reference has no such entry, so a layer
+    built on it refuses a cp_group before any collective (tests/test_context_parallel.py runs the kernel path,
+    short convolutions included, on gloo groups)."""
+    layer = DGPSLayer(SPECS / "gdn.dgps", 32, 2, 16, 16, backend="reference")
+    layer.cp_group = object()  # never reached: the check comes first
+    with pytest.raises(NotImplementedError, match="cp_group=...\\) needs backend='kernel'"):
+        layer(torch.randn(1, 4, 32))
+
+
 @pytest.mark.parametrize("name", ["ccq_gdn", "ccq_gla"])
 def test_ccq_lambda_starts_at_one_percent(name: str) -> None:
     torch.manual_seed(0)
