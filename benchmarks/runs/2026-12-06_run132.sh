@@ -8,7 +8,7 @@
 #             launch, then the scalar FLA table with accuracy and FlashQLA next to gdn (its JIT ~90 s).
 #   rest:     (~350 s, carry .whl .bench) the vector FLA table with accuracy, both variant families, cold start.
 #   both:     sections, then gdn with FlashQLA and accuracy, then the other three scalar systems (~550 s).
-# Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh sections|scalar|rest|both   (writes under $OUT)
+# Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh wy|sections|scalar|rest|both   (writes under $OUT)
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 q() { grep -v -i warn; }
@@ -59,11 +59,17 @@ both() {
   timeout 200 python3 benchmarks/bench_fla.py --systems simple_gla delta_rule precond_gdn --reps 5 --profile \
       --accuracy --json $OUT/run132_scalar3.json 2>&1 | q | tail -6
 }
+# the smallest call that decides the flip: gdn's wy, old form against the shipped one
+wy() {
+  timeout 120 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_wy_kernel \
+      --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=False --rounds 5 2>&1 | q | tail -3
+}
 case "$1" in
+wy) wy ;;
 both) both ;;
 sections) sections ;;
 scalar) scalar ;;
 rest) rest ;;
-*) echo "usage: $0 sections|scalar|rest|both"; exit 2 ;;
+*) echo "usage: $0 wy|sections|scalar|rest|both"; exit 2 ;;
 esac
 echo "== done"
