@@ -23,9 +23,9 @@ WHOLE_KEY_ROWS = ("curvature_query", "bwd_curvature_query", "bwd_curvature_key")
 # head, rather than one per chunk and head walking them all: the grid kind chunk_columns, the template's
 # split_columns hook (codegen/chunk.py WY_SPLIT_RULES). A program's work is a chain of dependent steps (load T and a
 # tile, one product, one store), and one per chunk and head chained three or four of them (gdn at dk = dv = 128:
-# 0.113 ms for ~75 MB, a fifth of HBM's rate, H100 run 130). On since the thirtieth session: run 132 times it
-# against the old form (benchmarks/NOTES.md).
-WY_COLUMN_PROGRAMS = True
+# 0.113 ms for ~75 MB, a fifth of HBM's rate, H100 run 130). Off until timed: the thirtieth session got no device
+# time (run 132, `bash benchmarks/runs/2026-12-06_run132.sh wy`, is ready; benchmarks/NOTES.md).
+WY_COLUMN_PROGRAMS = False
 
 
 def _next_pow2(x: int) -> int:

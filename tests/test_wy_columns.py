@@ -32,15 +32,9 @@ def columns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_mod, "WY_COLUMN_PROGRAMS", True)
 
 
-def test_on_in_the_shipped_table() -> None:
-    assert launch_mod.WY_COLUMN_PROGRAMS
-    wy = [la for la in forward_launches(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16)) if la.name == "wy"]
-    assert [la.grid for la in wy] == ["chunk_columns"]
-
-
-def test_one_program_per_chunk_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the form it replaced stays renderable (kernel_sections' --patch ...=False times it against the shipped one)
-    monkeypatch.setattr(launch_mod, "WY_COLUMN_PROGRAMS", False)
+def test_off_in_the_shipped_table() -> None:
+    # off until timed on a GPU (benchmarks/runs/2026-12-06_run132.sh wy: kernel_sections with --patch ...=True)
+    assert not launch_mod.WY_COLUMN_PROGRAMS
     wy = [la for la in forward_launches(build_plan(dgps.load(SPEC_DIR / "gdn.dgps").ir, 64, 16)) if la.name == "wy"]
     assert [(la.grid, la.hooks) for la in wy] == [("chunk", frozenset())]
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Run 132 (thirtieth session). WY_COLUMN_PROGRAMS is on in this tree (shipped speculatively, interpreter-verified);
-# `sections` times it against the form it replaced, so the tables below are at the commit that ships it.
+# Run 132 (written in the thirtieth session, which got no device time). WY_COLUMN_PROGRAMS is off in the shipped
+# table (interpreter-verified both ways); `wy` and `sections` time it against the shipped form (--patch ...=True).
 #   sections: (~150 s) wy with one program per block of columns vs one per chunk (kernel_sections --patch
-#             ...WY_COLUMN_PROGRAMS=False is the old form): prediction gdn wy 0.113 -> ~0.06 ms, kda 0.159 -> ~0.09
+#             ...WY_COLUMN_PROGRAMS=True is the new form): prediction gdn wy 0.113 -> ~0.06 ms, kda 0.159 -> ~0.09
 #             (H100, run 130); the l2norm kernel at other rows per program / warps: prediction -0.02 to -0.04 ms.
-#   scalar:   (~400 s, carry .whl .bench .fqla) GPU gradient checks of gdn/kda/cler_h_gdn/rwkv7_dplr with the new wy
-#             launch, then the scalar FLA table with accuracy and FlashQLA next to gdn (its JIT ~90 s).
+#   scalar:   (~400 s, carry .whl .bench .fqla) GPU gradient checks of gdn/kda/cler_h_gdn/rwkv7_dplr (the shipped
+#             launches; after a flip, the new wy), then the scalar FLA table with accuracy and FlashQLA next to gdn (its JIT ~90 s).
 #   rest:     (~350 s, carry .whl .bench) the vector FLA table with accuracy, both variant families, cold start.
 #   both:     sections, then gdn with FlashQLA and accuracy, then the other three scalar systems (~550 s).
 # Usage: DGPS_COMMIT=<sha> bash benchmarks/runs/2026-12-06_run132.sh wy|sections|scalar|rest|both   (writes under $OUT)
@@ -15,7 +15,7 @@ q() { grep -v -i warn; }
 sections() {
   for s in gdn kda; do
     timeout 90 python3 benchmarks/kernel_sections.py --system $s --kernel chunk_wy_kernel \
-        --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=False --rounds 5 2>&1 | q | tail -3
+        --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=True --rounds 5 2>&1 | q | tail -3
   done
   timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
       --set num_warps=2 num_warps=8 BT=32,grid0=512 BT=16,grid0=1024 BT=32,grid0=512,num_warps=2 --rounds 5 2>&1 \
@@ -59,10 +59,10 @@ both() {
   timeout 200 python3 benchmarks/bench_fla.py --systems simple_gla delta_rule precond_gdn --reps 5 --profile \
       --accuracy --json $OUT/run132_scalar3.json 2>&1 | q | tail -6
 }
-# the smallest call that decides the flip: gdn's wy, old form against the shipped one
+# the smallest call that decides the flip: gdn's wy, the per-column form against the shipped one
 wy() {
   timeout 120 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_wy_kernel \
-      --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=False --rounds 5 2>&1 | q | tail -3
+      --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=True --rounds 5 2>&1 | q | tail -3
 }
 case "$1" in
 wy) wy ;;

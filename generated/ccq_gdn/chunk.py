@@ -590,8 +590,8 @@ def chunk_wy_kernel(
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
@@ -608,10 +608,8 @@ def chunk_wy_kernel(
     b_beta = _b_beta_beta
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_eg = b_beta * tl.exp2(b_g)
-    i_col = tl.program_id(0)
-    # programs 0 .. NKB − 1: W's blocks of BK key columns; NKB ..: Ũ's blocks of BV value columns
-    if i_col < (DK + BK - 1) // BK:
-        o_k = i_col * BK + tl.arange(0, BK)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
         _b_e_k = tl.load(pn_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = _b_e_k
@@ -619,8 +617,8 @@ def chunk_wy_kernel(
         b_w = _mm(b_T, b_e, DT_ID)
         tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
-    else:
-        o_v = (i_col - (DK + BK - 1) // BK) * BV + tl.arange(0, BV)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
@@ -1977,7 +1975,7 @@ def _kernels():
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
         ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
     ]
 
@@ -2005,7 +2003,7 @@ def _unfused_kernels():
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
         ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -2053,7 +2051,7 @@ def _rerun_kernels(kept, states=False):
         ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),
         ("curvature_query", chunk_curvature_query_kernel, "key_chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -2404,7 +2402,7 @@ def _cp_kernels():
             ("l2norm", chunk_l2norm_kernel, "rows"),
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk_columns"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
             ("curvature_state", chunk_curvature_state_kernel, "key_state_tiles"),

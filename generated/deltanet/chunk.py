@@ -316,8 +316,8 @@ def chunk_wy_kernel(
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
@@ -333,10 +333,8 @@ def chunk_wy_kernel(
     _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_beta = _b_beta_beta
     b_eg = b_beta
-    i_col = tl.program_id(0)
-    # programs 0 .. NKB − 1: W's blocks of BK key columns; NKB ..: Ũ's blocks of BV value columns
-    if i_col < (DK + BK - 1) // BK:
-        o_k = i_col * BK + tl.arange(0, BK)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
         _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = _b_e_k
@@ -344,8 +342,8 @@ def chunk_wy_kernel(
         b_w = _mm(b_T, b_e, DT_ID)
         tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
-    else:
-        o_v = (i_col - (DK + BK - 1) // BK) * BV + tl.arange(0, BV)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
@@ -1281,7 +1279,7 @@ def _kernels():
     """(name, kernel, grid kind) of the forward: the plan's launches, in its order."""
     return [
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_output", chunk_state_output_kernel, "state"),
     ]
 
@@ -1301,7 +1299,7 @@ def _unfused_kernels():
     `unfused_when`): for calls with few sequences × value heads on a GPU (_fuse_output)."""
     return [
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1345,7 +1343,7 @@ def _rerun_kernels(kept, states=False):
         return [k for k in rerun if not (states and k[0] == "state_pass")]
     return [
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1666,7 +1664,7 @@ def _cp_kernels():
     return {
         "once": [
             ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk_columns"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
         ],

@@ -423,8 +423,8 @@ def chunk_wy_kernel(
     p_k, p_v, t_buf, w_buf, u_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
 ):
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
@@ -439,10 +439,8 @@ def chunk_wy_kernel(
     b_T = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + 1.0, 0.)
     b_eg = b_beta
-    i_col = tl.program_id(0)
-    # programs 0 .. NKB − 1: W's blocks of BK key columns; NKB ..: Ũ's blocks of BV value columns
-    if i_col < (DK + BK - 1) // BK:
-        o_k = i_col * BK + tl.arange(0, BK)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
         _b_e_k = tl.load(p_k + t0 * (H * DK) + (((o_t)[:, None] * H + i_h) * DK + o_k[None, :]), mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = _b_e_k
@@ -450,8 +448,8 @@ def chunk_wy_kernel(
         b_w = _mm(b_T, b_e, DT_ID)
         tl.store(w_buf + t0 * (HV * DK) + (((o_t)[:, None] * HV + i_hv) * DK + o_k[None, :]), _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
-    else:
-        o_v = (i_col - (DK + BK - 1) // BK) * BV + tl.arange(0, BV)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
@@ -1178,7 +1176,7 @@ def _kernels():
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1200,7 +1198,7 @@ def _rerun_kernels(kept, states=False):
         ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
         ("precond_exact", chunk_precond_exact_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
@@ -1524,7 +1522,7 @@ def _cp_kernels():
             ("precond_gram", chunk_precond_gram_kernel, "seq_hp"),
             ("precond_exact", chunk_precond_exact_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk_columns"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "aux": [
         ],

@@ -467,8 +467,8 @@ def chunk_wy_kernel(
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
@@ -484,10 +484,8 @@ def chunk_wy_kernel(
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
     b_eg = b_beta
-    i_col = tl.program_id(0)
-    # programs 0 .. NKB − 1: W's blocks of BK key columns; NKB ..: Ũ's blocks of BV value columns
-    if i_col < (DK + BK - 1) // BK:
-        o_k = i_col * BK + tl.arange(0, BK)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
         _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
@@ -495,8 +493,8 @@ def chunk_wy_kernel(
         b_w = _mm(b_T, b_e, DT_ID)
         tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
-    else:
-        o_v = (i_col - (DK + BK - 1) // BK) * BV + tl.arange(0, BV)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
@@ -1322,7 +1320,7 @@ def _kernels():
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1342,7 +1340,7 @@ def _rerun_kernels(kept, states=False):
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
@@ -1672,7 +1670,7 @@ def _cp_kernels():
         "after_aux": [
             ("precond_diag", chunk_precond_diag_kernel, "seq_hp"),
             ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk_columns"),
+            ("wy", chunk_wy_kernel, "chunk"),
         ],
         "transition": [
             ("state_pass", chunk_state_pass_kernel, "state"),

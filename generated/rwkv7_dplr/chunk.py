@@ -972,8 +972,8 @@ def chunk_wy_kernel(
     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT_ID: tl.constexpr,
 ):
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
     i_h = i_hv // G
     i_n = tl.load(chunk_indices + i_c * 2)
     i_tc = tl.load(chunk_indices + i_c * 2 + 1)
@@ -986,10 +986,8 @@ def chunk_wy_kernel(
     rows = t0 + o_t
     m_r = rows < eos
     b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
-    i_col = tl.program_id(0)
-    # programs 0 .. NKB − 1: W's blocks of BK key columns; NKB ..: Ũ's blocks of BV value columns
-    if i_col < (DK + BK - 1) // BK:
-        o_k = i_col * BK + tl.arange(0, BK)
+    for i_k in range(0, tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
         _b_e_l2norm_0 = tl.load(p_l2norm_0 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + (-1.0 * _b_e_l2norm_0), 0.)
@@ -997,10 +995,10 @@ def chunk_wy_kernel(
         b_w = -_mm(b_T, b_e * tl.exp2(b_g), DT_ID)
         tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
                  mask=m_r[:, None] & m_k[None, :])
-    else:
-        o_v = (i_col - (DK + BK - 1) // BK) * BV + tl.arange(0, BV)
+    b_aew = tl.load(aew_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
+    for i_v in range(0, tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
-        b_aew = tl.load(aew_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_u = _mm(b_T, _mm(b_aew, b_z, DT_ID), DT_ID)
@@ -1873,7 +1871,7 @@ def _kernels():
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
@@ -1893,7 +1891,7 @@ def _rerun_kernels(kept, states=False):
     return [
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
         ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk_columns"),
+        ("wy", chunk_wy_kernel, "chunk"),
         ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
@@ -2218,7 +2216,7 @@ def _cp_kernels():
         "once": [
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
             ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk_columns"),
+            ("wy", chunk_wy_kernel, "chunk"),
             ("decay_keys", chunk_decay_keys_kernel, "chunk"),
         ],
         "aux": [
