@@ -215,6 +215,12 @@ def layout_from_fla(context: Any, B: int, T: int) -> SliceLayout:
     return SliceLayout(True, local, tuple(range(n)), n, carry, carry and n == 1, ends)
 
 
+def slice_start(T: int, group: Any, device: torch.device) -> tuple[list[int], int]:
+    """Every rank's slice length (one all_gather) and where this rank's slice starts in the global pack."""
+    lengths = _gather_lengths(T, group, device)
+    return lengths, sum(lengths[:_rank(group)])
+
+
 def _gather_lengths(T: int, group: Any, device: torch.device) -> list[int]:
     import torch.distributed as dist
 
@@ -434,10 +440,9 @@ def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, gr
         raise CPUnsupported(f"{ir.name}.forward(cp_group=...): context parallelism is refused: {plan.refused}")
     x, dims = check_inputs(ir, inputs)
     device = x["q"].device
-    rank = _rank(group)
     if layout is None:
-        lengths = _gather_lengths(dims.T, group, device)
-        start, total = sum(lengths[:rank]), sum(lengths)
+        lengths, start = slice_start(dims.T, group, device)
+        total = sum(lengths)
         if cu_seqlens is not None:
             check_cu_seqlens(cu_seqlens, Dims(dims.B, total, dims.H, dims.HV, dims.dk, dims.dv))
         cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]

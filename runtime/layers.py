@@ -322,12 +322,11 @@ class DGPSLayer(nn.Module):
         before the sequence's first token; for a segment that starts in the slice, its initial cache. The new caches
         come back per global sequence, filled on the rank where the sequence ends and zero elsewhere (as the
         recurrence's final states)."""
-        from dgps.runtime.cp import _gather_lengths, _rank, halo, slice_layout
+        from dgps.runtime.cp import halo, slice_layout, slice_start
 
         B, T, _ = xs["q"].shape
         group, w = self.cp_group, self.q_conv1d.kernel_size - 1
-        lengths = _gather_lengths(T, group, xs["q"].device)
-        start = sum(lengths[:_rank(group)])
+        lengths, start = slice_start(T, group, xs["q"].device)
         cu = None if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
         lay = slice_layout(cu, B, start, start + T, sum(lengths))
         prev = halo(xs, w, group, lengths)
@@ -339,6 +338,7 @@ class DGPSLayer(nn.Module):
         cache_col = (pos - s0 + w).clamp(0, w - 1)
         first = list(lay.rows) if not lay.packed else [lay.rows[0]]
         local_cu = None if not lay.packed else torch.tensor(lay.local_cu, dtype=torch.int32)
+        ends = [i for i, e in enumerate(lay.ends) if e]
         out, new_cache = dict(xs), {}
         for n in ("q", "k", "v"):
             x = xs[n]
@@ -348,7 +348,6 @@ class DGPSLayer(nn.Module):
             local = torch.cat([window, rows[list(lay.rows[1:])]], dim=0) if lay.packed else window
             out[n], mine = getattr(self, f"{n}_conv1d")(x, local, local_cu)
             placed = mine.new_zeros(lay.n_rows, *mine.shape[1:])
-            ends = [i for i, e in enumerate(lay.ends) if e]
             placed[[lay.rows[i] for i in ends]] = mine[ends]
             new_cache[n] = placed
         return out, new_cache

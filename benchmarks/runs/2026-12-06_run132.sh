@@ -12,16 +12,27 @@
 . benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 q() { grep -v -i warn; }
+# FlashQLA's site (carried in .fqla/) on the path, when carried
+flashqla() {
+  if [ -f .fqla/flashqla_site.tar.xz ]; then
+    fq="${TMPDIR:-/tmp}/dgps_device/fqla"
+    mkdir -p "$fq" && xz -d < .fqla/flashqla_site.tar.xz | tar -C "$fq" --strip-components=1 -xf -
+    export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
+  fi
+}
+# one system's wy kernel: the shipped form and the per-column one, on the same recorded arguments
+wy_of() {
+  timeout 120 python3 benchmarks/kernel_sections.py --system "$1" --kernel chunk_wy_kernel \
+      --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=True --rounds 5 2>&1 | q | tail -3
+}
 sections() {
-  for s in gdn kda; do
-    timeout 90 python3 benchmarks/kernel_sections.py --system $s --kernel chunk_wy_kernel \
-        --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=True --rounds 5 2>&1 | q | tail -3
-  done
+  wy_of gdn
+  wy_of kda
   timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
       --set num_warps=2 num_warps=8 BT=32,grid0=512 BT=16,grid0=1024 BT=32,grid0=512,num_warps=2 --rounds 5 2>&1 \
       | q | tail -7
-  # q's and k's tiles loaded together before either store (the stores may alias the next load's input, so the
-  # compiler keeps the written order: one round trip each)
+  # q's and k's tiles loaded together before either store (the guess: the stores, which may alias the next load's
+  # input, keep that load behind the first round trip)
   timeout 60 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_l2norm_kernel \
       --sub benchmarks/runs/2026-12-06_run132_l2norm_sub.json --rounds 5 2>&1 | q | tail -4
   # the l2norm backward (bwd_inputs: 0.178 ms for ~400 MB, the fp32 adjoints of q and k) at other warp counts
@@ -29,11 +40,7 @@ sections() {
       --set num_warps=4 num_warps=16 --rounds 5 2>&1 | q | tail -3
 }
 scalar() {
-  if [ -f .fqla/flashqla_site.tar.xz ]; then
-    fq="${TMPDIR:-/tmp}/dgps_device/fqla"
-    mkdir -p "$fq" && xz -d < .fqla/flashqla_site.tar.xz | tar -C "$fq" --strip-components=1 -xf -
-    export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
-  fi
+  flashqla
   timeout 100 python3 benchmarks/check_gpu_grads.py --systems gdn kda cler_h_gdn rwkv7_dplr --dtype bf16 2>&1 | q | tail -5
   timeout 420 python3 benchmarks/bench_fla.py --reps 5 --profile --accuracy --json $OUT/run132_scalar.json 2>&1 \
       | q | tail -8
@@ -49,21 +56,14 @@ rest() {
 # one call when the device is scarce: the sections, gdn with FlashQLA (and accuracy), then the other scalar systems
 both() {
   sections
-  if [ -f .fqla/flashqla_site.tar.xz ]; then
-    fq="${TMPDIR:-/tmp}/dgps_device/fqla"
-    mkdir -p "$fq" && xz -d < .fqla/flashqla_site.tar.xz | tar -C "$fq" --strip-components=1 -xf -
-    export PYTHONPATH="$PYTHONPATH:$fq" TILELANG_CACHE_DIR="${TMPDIR:-/tmp}/dgps_device/tilelang"
-  fi
+  flashqla
   timeout 240 python3 benchmarks/bench_fla.py --systems gdn --reps 5 --profile --accuracy \
       --json $OUT/run132_gdn.json 2>&1 | q | tail -6
   timeout 200 python3 benchmarks/bench_fla.py --systems simple_gla delta_rule precond_gdn --reps 5 --profile \
       --accuracy --json $OUT/run132_scalar3.json 2>&1 | q | tail -6
 }
 # the smallest call that decides the flip: gdn's wy, the per-column form against the shipped one
-wy() {
-  timeout 120 python3 benchmarks/kernel_sections.py --system gdn --kernel chunk_wy_kernel \
-      --patch dgps.codegen.launch.WY_COLUMN_PROGRAMS=True --rounds 5 2>&1 | q | tail -3
-}
+wy() { wy_of gdn; }
 case "$1" in
 wy) wy ;;
 both) both ;;
