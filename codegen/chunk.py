@@ -94,6 +94,7 @@ from ..compiler.plan import (
     kept_states_bytes,
     launch_of,
     precond_shares,
+    rerun_reads_route,
     residual_solve,
     scores_in_reverse_pass,
     scores_kept,
@@ -779,6 +780,8 @@ def _context(ir: IR) -> dict:
         # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
         # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
         gain_cols=residual_solve(plan),
+        # and a training step's rerun of the state pass takes R from the forward's route output (rerun_reads_route)
+        route_feeds_rerun=rerun_reads_route(plan),
         # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept);
         # the reverse pass forms dU's local share from stored scores in s_buf (scores_in_reverse_pass)
         scores_kept=scores_kept(plan),

@@ -20,7 +20,7 @@ import triton
 
 from .._version import __version__ as DGPS_VERSION
 from ..compiler.ir import IR
-from ..compiler.plan import build_plan, kept_states_bytes
+from ..compiler.plan import build_plan, kept_states_bytes, rerun_reads_route
 from .chunk import BC, BT, render_chunk, supports_chunk, supports_chunk_backward
 from .jinja_env import template_env
 from .recurrent import render_recurrent
@@ -102,6 +102,8 @@ def render_package(rec: Spec, module_name: str | None = None) -> dict[str, str]:
         has_chunk=chunk_ok,
         has_chunk_backward=bwd_ok,
         kept_states_bytes=kept_states_bytes(build_plan(ir, BT, BC)) if bwd_ok else 0,
+        # a training step saves the route output for the backward's rerun of the state pass (rerun_reads_route)
+        route_feeds_rerun=bwd_ok and rerun_reads_route(build_plan(ir, BT, BC)),
         backward_path="chunked" if bwd_ok else "recurrent",
         backward_reason=f"No chunked backward emitted: {bwd_why}",
         input_names=repr(tuple(names)),

@@ -553,6 +553,23 @@ def residual_solve(p: Plan | _Builder) -> bool:
     return s.route == "residual"
 
 
+# Whether a training step's rerun of the state pass takes R from the forward's route output (rerun_reads_route).
+ROUTE_IN_RERUN = True
+
+
+def rerun_reads_route(p: Plan) -> bool:
+    """Whether the backward's rerun of the state pass reads R from the route output of the training forward it
+    follows, instead of forming R = Ũ − W H_n (+ Z) again: under residual_solve the route r is R itself, rounded to
+    the input dtype as the rerun would store it (vn_buf), so the rerun loads it and runs H_(n+1) = e^(b_c) H_n +
+    (A ⊙ e^(b_c − B))ᵀ(β ⊙ R) alone: one product per step on the loop-carried chain instead of two, and neither W, Ũ
+    nor v loaded, nor R stored. H100, B = 4, T = 4096, H = 16, dk = dv = 128 (run 132): cler_h_gdn's rerun 0.214 ms
+    for ~470 MB moved, gdn's (no route) 0.149 for ~400 MB; this form moves ~270 MB. Exact in fp32; with 16-bit inputs
+    the chain's U = β ⊙ R ⊙ e^(...) is rounded once more (the product's operand was rounded from the fp32 R). The
+    package saves the route for the backward (save_for_backward: an in-place change to it is caught); a rerun without
+    it (a context-parallel slice, a second backward of a retained graph) forms R as before, so W and Ũ stay kept."""
+    return ROUTE_IN_RERUN and residual_solve(p) and bool(p.find("state_pass"))
+
+
 def _brow(b: _Builder) -> str | None:
     """The decay on the erase rows: b_t, or the exclusive b_{t-1} when the erase reads S_{t-1}."""
     return b.op("bx") or b.op("b")
@@ -1592,6 +1609,8 @@ def _per_chunk(p: Plan, sts: list[Stage], rerun: set[str], read: set[str]) -> st
         if sts[0].kind == "state_pass":  # the call's choice, as FLA's disable_recompute
             why += (f"; a call's keep_states=True keeps {' and '.join(x.name for x in kept_states(p))} instead "
                     f"({kept_states_bytes(p)} B), one launch less")
+            if rerun_reads_route(p):
+                why += "; the rerun reads R from the training forward's route output (rerun_reads_route)"
         return why
     feeds = [i for st in sts for i in st.inputs
              if (q := p.producer(i)) is not None and q.kind in rerun and q.out(i).dims[:2] == ("B", "NT")]

@@ -40,6 +40,9 @@ INPUTS = ('q', 'k', 'v', 'g', 'beta')
 STATES = ('S',)
 ROUTE = "residual"
 _N_OUT = 1 + len(STATES) + (ROUTE != "none")  # the forward's outputs before the kept buffers: o, states, route
+# a training step saves its route output: the backward's rerun of the state pass reads R from it (compiler/plan.py:
+# rerun_reads_route); save_for_backward catches an in-place change to it before the backward
+ROUTE_FEEDS_RERUN = True
 
 
 
@@ -82,11 +85,13 @@ def _backward_impl(
     kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
+    route: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(gradients of the inputs and params, gradients of the initial states the backward reaches)."""
+    """(gradients of the inputs and params, gradients of the initial states the backward reaches); `route`: the
+    training forward's route output, for the rerun of its state pass."""
     return chunk.chunk_backward(
         {"q": q, "k": k, "v": v, "g": g, "beta": beta}, initial_state={"S": state_S}, do=do, d_final_state=d_states, d_route=d_route,
-        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None,
+        cu_seqlens=cu_seqlens, scale=scale, kept=kept or None, route=route,
 
     )
 
@@ -134,10 +139,11 @@ def _backward_op(
     kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
+    route: torch.Tensor | None,
 ) -> list[torch.Tensor]:
     do, d_states = grads[0], dict(zip(STATES, grads[1:1 + len(STATES)], strict=True))
     d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-    g_in, g_state = _backward_impl(q, k, v, g, beta, state_S, do, d_states, d_route, kept, cu_seqlens, scale)
+    g_in, g_state = _backward_impl(q, k, v, g, beta, state_S, do, d_states, d_route, kept, cu_seqlens, scale, route)
     return [g_in[n] for n in INPUTS] + [g_state[s] if s in g_state else torch.zeros_like(t)
                                         for s, t in zip(STATES, (state_S,), strict=True)]
 
@@ -149,6 +155,7 @@ def _(
     kept: list[torch.Tensor],
     cu_seqlens: torch.Tensor | None,
     scale: float,
+    route: torch.Tensor | None,
 ) -> list[torch.Tensor]:
     return [torch.empty_like(t) for t in (q, k, v, g, beta, state_S)]
 
@@ -157,7 +164,9 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library
     *tensors, cu_seqlens, scale, keep, keep_states = inputs
     kept = list(output[_N_OUT:])  # the per-token buffers the forward kept for the chunked backward
     ctx.mark_non_differentiable(*kept)
-    ctx.save_for_backward(*tensors, *kept)
+    route = [output[_N_OUT - 1]] if keep and not keep_states else []  # ROUTE_FEEDS_RERUN
+    ctx.save_for_backward(*tensors, *route, *kept)
+    ctx.n_route = len(route)
     ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
     # without this, autograd hands _backward a zero tensor for every kept buffer (non-differentiable outputs still
     # get materialized gradients) and every unused final state: the custom-op path held 225 MiB more than the
@@ -168,9 +177,10 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library
 def _backward(ctx, grads):  # noqa: ANN001, ANN202 - torch.library's signature
     saved = ctx.saved_tensors
     tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+    route, kept = (kept[0] if ctx.n_route else None), kept[ctx.n_route:]
     likes = _output_likes(tensors)
     grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:len(likes)], likes, strict=True)]
-    out = _backward_op(*tensors, grads, kept, ctx.cu_seqlens, ctx.scale)
+    out = _backward_op(*tensors, grads, kept, ctx.cu_seqlens, ctx.scale, route)
     return (*out, None, None, None, None)
 
 
@@ -206,7 +216,9 @@ class _Eager(torch.autograd.Function):
         # hooks are active (activation checkpointing, CPU offload): those must see every saved tensor, so there
         # they go through save_for_backward and stay held until the backward returns.
         ctx.kept = list(kept) if kept and not _saved_tensor_hooks() else None
-        ctx.save_for_backward(*tensors, *(kept if ctx.kept is None else ()))
+        route = [outs[_N_OUT - 1]] if keep and not keep_states else []  # ROUTE_FEEDS_RERUN
+        ctx.n_route = len(route)
+        ctx.save_for_backward(*tensors, *route, *(kept if ctx.kept is None else ()))
         ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: no zeros are built
         return tuple(outs)
@@ -215,12 +227,13 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
         saved = ctx.saved_tensors
         tensors, kept = saved[:ctx.n_tensors], list(saved[ctx.n_tensors:])
+        route, kept = (kept[0] if ctx.n_route else None), kept[ctx.n_route:]
         if ctx.kept is not None:  # one backward owns them; a second one (retain_graph) recomputes the forward
             kept, ctx.kept = ctx.kept, None
         do = grads[0] if grads[0] is not None else torch.zeros_like(_output_likes(tensors)[0])
         d_states = {s: g for s, g in zip(STATES, grads[1:1 + len(STATES)], strict=True) if g is not None}
         d_route = grads[1 + len(STATES)] if ROUTE != "none" else None
-        g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale)
+        g_in, g_state = _backward_impl(*tensors, do, d_states, d_route, kept, ctx.cu_seqlens, ctx.scale, route)
         return (None, None, None, None, *(g_in[n] for n in INPUTS), *(g_state.get(s) for s in STATES))
 
 

@@ -908,7 +908,7 @@ class _Run:
         # module was generated): Triton's launch cost grows with the argument count.
         key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.nkc, self.route is not None, self.device, tuple(LAUNCH_OVERRIDES.items()),
+               self.nkc, self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
                os.environ.get("DGPS_TUNED", "") != "0")
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
         tensors.update(self.bufs)
@@ -929,7 +929,7 @@ class _Run:
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
-                      BLOCK_PTR=_BLOCK_PTR,
+                      BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
         launches = []
@@ -1023,18 +1023,20 @@ def _takes(kernels):
     return _TAKES[key]
 
 
-def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, keep_states=False):
+def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, keep_states=False,
+             route_given=None):
     run = _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept, per_call=True,
-                   keep_states=keep_states)
+                   keep_states=keep_states, route_given=route_given)
     run.launch(run.kernels)
     return _result(run), run
 
 
 def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False,
-             keep_states=False):
+             keep_states=False, route_given=None):
     """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
     takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call).
-    `keep_states`: H_n and U sized to be kept (_state_buffers)."""
+    `keep_states`: H_n and U sized to be kept (_state_buffers). `route_given`: a training forward's route output,
+    which a backward's rerun of the state pass reads as R (vn_buf) instead of forming it (rerun_reads_route)."""
     x, dims = check_inputs(SPEC, inputs)
     ranges = check_cu_seqlens(cu_seqlens, dims)
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
@@ -1085,7 +1087,12 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     states = _state_buffers(TT, N, HV, DK, DV, dt) if keep_states else {}
     if "h_buf" in takes and "h_buf" not in states:
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
-    if "vn_buf" in takes and "vn_buf" not in states:
+    if route_given is not None:
+        if tuple(route_given.shape) != (B, T, HV, DV) or route_given.dtype != dt:
+            raise TensorError(f"{NAME}: the forward's route has shape {list(route_given.shape)} and dtype "
+                              f"{route_given.dtype}, expected {[B, T, HV, DV]} and {dt}")
+        bufs["vn_buf"] = route_given.contiguous()
+    elif "vn_buf" in takes and "vn_buf" not in states:
         bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
     bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in states.items()})
     bufs.update({n: kept[n] for n in _KEPT_STATES if n in kept})  # a keep_states forward's, for its backward
@@ -1116,7 +1123,8 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
                 HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
                 store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route, kernels=kernels)
+                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route, kernels=kernels,
+                r_given=route_given is not None)
 
 
 def _result(run):
@@ -1387,21 +1395,21 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                   kept=None):
+                   kept=None, route=None):
     """Gradients of `exact_atq` through the chunk kernels (docs/chunk_forms.md §8): recompute the forward's
     chunk buffers (H_n, the solve's Ai, W, Ũ, U), then run the
     backward stages. Same contract as the recurrent backward: returns (gradients of every input and param,
     gradients of every initial state except n). `kept` (chunk_forward_train's list) is consumed: emptied, so that
-    each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.
-    """
+    each kept buffer is freed after the last kernel that reads it wherever the caller holds no other reference.    """
     kernels = _bwd_kernels()
-    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None)
+    return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, None, route)
 
 
-def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks):
+def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks, route=None):
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
+    given = None
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True,
-                        kernels=_rerun_kernels(kept is not None, _states_kept(kept)), kept=kept)
+                        kernels=_rerun_kernels(kept is not None, _states_kept(kept)), kept=kept, route_given=given)
     if isinstance(kept, list):
         kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims
