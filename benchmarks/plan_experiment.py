@@ -83,7 +83,16 @@ def _wy_train(plan) -> Callable:  # noqa: ANN001
     return _for_renamed(plan._wy_in_training_state_pass, "wy_train", lambda b: True)
 
 
+def _no_route_rerun(plan) -> Callable:  # noqa: ANN001
+    """The backward's rerun of the state pass forms R = Ũ − W H_n (+ Z) again instead of reading the forward's route
+    output (compiler/plan.py: rerun_reads_route; the shipped plan before the thirty-first session), for the renamed
+    spec."""
+    shipped = plan._route_in_rerun
+    return lambda p: False if p.name.endswith("__no_route_rerun") else shipped(p)
+
+
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
+           "no_route_rerun": ("_route_in_rerun", _no_route_rerun),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
            "keep_scores": ("_scores_kept", _keep_scores),
            "no_keep_scores": ("_scores_kept", _no_keep_scores),

@@ -1294,6 +1294,9 @@ def _rerun_kernels(kept, states=False):
 
 # the per-token buffers the training forward keeps for the backward plan
 _KEPT_BUFFERS = ["g_buf", "l_buf", "s_buf", "t_buf", "w_buf", "u_buf", "kg_buf", "qg_buf"]
+# whether the backward's rerun of the state pass reads R from the training forward's route output, where chunk_backward
+# is given it (compiler/plan.py: rerun_reads_route)
+ROUTE_FEEDS_RERUN = False
 # what a training forward with keep_states adds to them (FLA's disable_recompute): the state pass's H_n and, where
 # the plan's state pass outputs it, U, so that the backward reruns no state pass
 _KEPT_STATES = ["vn_buf", "h_buf"]
