@@ -565,8 +565,10 @@ def rerun_reads_route(p: Plan) -> bool:
     nor v loaded, nor R stored. H100, B = 4, T = 4096, H = 16, dk = dv = 128 (run 132): cler_h_gdn's rerun 0.214 ms
     for ~470 MB moved, gdn's (no route) 0.149 for ~400 MB; this form moves ~270 MB. Exact in fp32; with 16-bit inputs
     the chain's U = β ⊙ R ⊙ e^(...) is rounded once more (the product's operand was rounded from the fp32 R). The
-    package saves the route for the backward (save_for_backward: an in-place change to it is caught); a rerun without
-    it (a context-parallel slice, a second backward of a retained graph) forms R as before, so W and Ũ stay kept."""
+    package (and a context-parallel slice, whose final pass formed it from the true incoming state) saves the route for
+    the backward (save_for_backward: an in-place change to it is caught); a rerun without it (a second backward of a
+    retained graph, which reruns everything; a direct chunk_backward call not given it) forms R as before, so W and Ũ
+    stay kept."""
     return _route_in_rerun(p) and residual_solve(p) and bool(p.find("state_pass"))
 
 

@@ -659,7 +659,11 @@ class _CPCall(torch.autograd.Function):
         assert out.final_state is not None
         ctx.sl, ctx.group, ctx.names, ctx.kept, ctx.st, ctx.ex = sl, group, names, kept, st, ex
         ctx.o_like = (out.o.shape, out.o.dtype, out.o.device)
-        ctx.save_for_backward(*tensors[:n_x])
+        # the route, where the backward's rerun of the state pass reads R from it (compiler/plan.py:
+        # rerun_reads_route): the slice's final pass formed it from the true incoming state, as the rerun would
+        route = [out.route] if out.route is not None and getattr(sl.pkg.chunk, "ROUTE_FEEDS_RERUN", False) else []
+        ctx.n_route = len(route)
+        ctx.save_for_backward(*tensors[:n_x], *route)
         ctx.set_materialize_grads(False)
         finals = [out.final_state[n] for n in sl.ir.state_names]
         if "n" in sl.ir.state_names:
@@ -669,7 +673,9 @@ class _CPCall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # noqa: ANN001, ANN205 - autograd's signature
         sl, group, ex, st = ctx.sl, ctx.group, ctx.ex, ctx.st
-        x = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
+        saved = ctx.saved_tensors
+        x = dict(zip(ctx.names, saved[:len(ctx.names)], strict=True))
+        route = saved[len(ctx.names)] if ctx.n_route else None
         has_route = len(grads) > 1 + len(sl.ir.state_names)
         shape, dtype, device = ctx.o_like
         do = grads[0] if grads[0] is not None else torch.zeros(shape, dtype=dtype, device=device)
@@ -679,7 +685,7 @@ class _CPCall(torch.autograd.Function):
         kept, ctx.kept = ctx.kept, None  # one backward owns them; a second one reruns the forward's stages
         g_in, g_st = sl.pkg.chunk.chunk_backward_cp(
             x, initial_state=st, do=do, d_final_state=dfin, d_route=d_route, cu_seqlens=sl.local_cu, scale=sl.scale,
-            kept=kept or None, continued=sl.lay.carry_in,
+            kept=kept or None, continued=sl.lay.carry_in, **({"route": route} if route is not None else {}),
             exchange_state=lambda ds0: _exchange_state_grad(sl, group, ex, st["S"], ds0),
             exchange_aux=lambda d0: _exchange_aux_grad(sl, group, ex, st, d0))
         dh = []

@@ -2442,14 +2442,15 @@ def _group_sum(g, dim, H, HV):
 
 
 def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
-                      kept=None, continued, exchange_state, exchange_aux=None):
+                      kept=None, continued, exchange_state, exchange_aux=None, route=None):
     """One CP slice's backward (runtime/cp.py), chunk_backward's stages with the reverse state passes once per pass:
     with the slice's own adjoints (only where the first segment is `continued`: d0, the adjoint of the incoming
     state), then, after exchange_state(d0 or None) -> the later ranks' adjoint g of the outgoing state (added to the
     final-state adjoint; None: zero by the layout, and that pass is skipped), again; the auxiliary states' reverse
     passes likewise around exchange_aux(d0 or None) -> {name: g} or None. initial_state: the true initial states
     (chunk_forward_cp's). Returns chunk_backward's (gradients, initial-state gradients); the continued segment's
-    initial-state gradient is the total adjoint of the incoming state, which the exchange accounts for."""
+    initial-state gradient is the total adjoint of the incoming state, which the exchange accounts for. `route`: the
+    slice's route output, formed from the true incoming state, as chunk_backward takes it."""
     def cp_state(bufs, run):
         d0 = bufs["ds0"].view(run.st["S"].shape) if continued else None
         g = exchange_state(d0)
@@ -2472,7 +2473,7 @@ def chunk_backward_cp(inputs, *, initial_state, do, d_final_state=None, d_route=
 
     hooks = {"cp_state": cp_state, "cp_aux": cp_aux, "skip": () if continued else ("first", "aux_first")}
     return _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, _cp_bwd_kernels(),
-                     hooks)
+                     hooks, route)
 
 
 def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_route=None, cu_seqlens=None, scale=None,
