@@ -202,7 +202,9 @@ def layout_from_fla(context: Any, B: int, T: int) -> SliceLayout:
     is_first_rank (the first local sequence starts here) / is_last_rank (the last one ends here).
     Initial and final states are indexed by local sequence, as FLA's CP does."""
     if getattr(context, "layout", "contiguous") != "contiguous":
-        raise CPUnsupported(f"cp_context.layout = {context.layout!r}: dgps chains contiguous slices only")
+        raise CPUnsupported(f"cp_context.layout = {context.layout!r}: FLA's context carries no global offsets, which "
+                            "dgps's zigzag slices need: call the package's forward (or DGPSLayer) with cp_group=group, "
+                            "the global cu_seqlens and cp_layout='zigzag'")
     cu_t = context.cu_seqlens_cpu if getattr(context, "cu_seqlens_cpu", None) is not None else context.cu_seqlens
     if cu_t is None:
         raise TensorError("cp_context.cu_seqlens is None: FLA's CP context always carries the local offsets")
@@ -425,19 +427,98 @@ def _place_finals(sl: _Slice, out: RecurrenceOutput) -> dict[str, torch.Tensor]:
     return final
 
 
+# ---- token layouts: contiguous slices, or FLA's zigzag -------------------------------------------------------------
+# Zigzag (FLA's `layout='zigzag'`, what ring attention uses to balance causal softmax layers): the tokens cut into 2W
+# equal parts (W ranks), rank r holding parts r and 2W − 1 − r, in that order, in its local buffer. A dgps layer beside
+# such layers takes the same slices: its inputs go to the contiguous layout (rank q: parts 2q and 2q + 1) by one
+# all_to_all each, the chain runs as for contiguous slices, and o (and the route) come back by the inverse all_to_all.
+# Both all_to_alls are differentiable (torch.distributed.nn.functional), so gradients take the way back. What this
+# costs over the contiguous layout: each input's and output's tokens cross ranks once (a chain of 2W slots, two per
+# rank, would exchange only states; not built).
+CP_LAYOUTS = ("contiguous", "zigzag")
+
+
+def zigzag_parts(world: int, rank: int) -> tuple[int, int]:
+    """The two parts (of 2·world) a zigzag rank holds, front then back."""
+    return rank, 2 * world - 1 - rank
+
+
+def _part_homes(world: int, layout: str) -> dict[int, tuple[int, int]]:
+    """Each of the 2·world parts -> (its rank, its position in that rank's local buffer) under `layout`."""
+    if layout == "contiguous":
+        return {s: (s // 2, s % 2) for s in range(2 * world)}
+    return {s: ((s, 0) if s < world else (2 * world - 1 - s, 1)) for s in range(2 * world)}
+
+
+def relayout(xs: Sequence[torch.Tensor], group: Any, source: str, target: str) -> list[torch.Tensor]:
+    """Each [B, 2P, ...] tensor (tokens on dim 1: this rank's two parts of P tokens under `source`) as this rank's two
+    parts under `target`: one differentiable all_to_all per tensor."""
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_to_all
+
+    world, rank = dist.get_world_size(group), _rank(group)
+    src, dst = _part_homes(world, source), _part_homes(world, target)
+    # NCCL exchanges blocks of any size; other backends (gloo: a scatter per rank) want one size, so each block is
+    # padded to two parts there (world × the bytes; gloo is for CPU tests)
+    uniform = dist.get_backend(group) != "nccl"
+    out = []
+    for x in xs:
+        P = x.shape[1] // 2
+        part = [x[:, i * P:(i + 1) * P] for i in range(2)]
+        send = []
+        for q in range(world):
+            mine = [part[src[s][1]] for s in range(2 * world) if src[s][0] == rank and dst[s][0] == q]
+            if uniform:
+                mine += [x.new_zeros((x.shape[0], P, *x.shape[2:]))] * (2 - len(mine))
+            send.append(torch.cat(mine, dim=1).contiguous() if mine else x.new_empty((x.shape[0], 0, *x.shape[2:])))
+        recv_slots = [[s for s in range(2 * world) if src[s][0] == p and dst[s][0] == rank] for p in range(world)]
+        recv = [x.new_empty((x.shape[0], (2 if uniform else len(slots)) * P, *x.shape[2:])) for slots in recv_slots]
+        got = all_to_all(recv, send, group=group)
+        pieces: dict[int, torch.Tensor] = {}
+        for slots, t in zip(recv_slots, got, strict=True):
+            for i, sl in enumerate(slots):
+                pieces[dst[sl][1]] = t[:, i * P:(i + 1) * P]
+        out.append(torch.cat([pieces[0], pieces[1]], dim=1))
+    return out
+
+
+def check_zigzag(T: int, group: Any, device: torch.device, what: str) -> None:
+    """Every rank holds two equal parts of the same size (FLA's zigzag: the pack cut into 2W equal parts)."""
+    lengths = _gather_lengths(T, group, device)
+    if len(set(lengths)) != 1 or T % 2:
+        raise TensorError(f"{what}: cp_layout='zigzag' needs every rank's slice to be two equal parts of the same "
+                          f"length (the pack cut into 2 x {len(lengths)} equal parts); the ranks hold {lengths} tokens")
+
+
 def cp_forward(pkg: ModuleType, inputs: Mapping[str, torch.Tensor | None], *, group: Any,
                initial_state: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
                output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-               scale: float | None = None, layout: SliceLayout | None = None) -> RecurrenceOutput:
+               scale: float | None = None, layout: SliceLayout | None = None,
+               cp_layout: str = "contiguous") -> RecurrenceOutput:
     """`pkg.forward` over this rank's slice of a sequence sharded across `group` (see the module docstring).
 
     `cu_seqlens`: the global pack's offsets (every rank passes the same), or None for [B, T_r] slices of B
-    sequences. `layout` (instead of cu_seqlens): a prebuilt SliceLayout (fla_compat's FLA contexts).
+    sequences. `layout` (instead of cu_seqlens): a prebuilt SliceLayout (fla_compat's FLA contexts). `cp_layout`:
+    "contiguous" (rank r holds the r-th slice) or "zigzag" (FLA's: the tokens in 2W equal parts, rank r holding parts
+    r and 2W − 1 − r, front then back; o and the route come back in that order).
     """
     ir: IR = pkg.IR
+    if cp_layout not in CP_LAYOUTS:
+        raise ValueError(f"{ir.name}.forward: cp_layout must be one of {CP_LAYOUTS}; got {cp_layout!r}")
     plan = _cached_cp_plan(ir)
     if plan.refused:
         raise CPUnsupported(f"{ir.name}.forward(cp_group=...): context parallelism is refused: {plan.refused}")
+    if cp_layout == "zigzag":
+        if layout is not None:
+            raise ValueError(f"{ir.name}.forward: a prebuilt layout is contiguous; cp_layout='zigzag' takes cu_seqlens")
+        x, dims = check_inputs(ir, inputs)
+        check_zigzag(dims.T, group, x["q"].device, f"{ir.name}.forward")
+        names = [d.name for d in ir.inputs if not d.is_param and x.get(d.name) is not None]  # the per-token inputs
+        moved = dict(zip(names, relayout([x[n] for n in names], group, "zigzag", "contiguous"), strict=True))
+        out = cp_forward(pkg, {**x, **moved}, group=group, initial_state=initial_state,
+                         output_final_state=output_final_state, cu_seqlens=cu_seqlens, scale=scale)
+        back = relayout([out.o] + ([out.route] if out.route is not None else []), group, "contiguous", "zigzag")
+        return RecurrenceOutput(back[0], out.final_state, back[1] if out.route is not None else None)
     x, dims = check_inputs(ir, inputs)
     device = x["q"].device
     if layout is None:

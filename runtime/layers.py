@@ -130,15 +130,23 @@ class DGPSLayer(nn.Module):
                  head_v_dim: int, num_v_heads: int | None = None, use_short_conv: bool = True, conv_size: int = 4,
                  use_output_gate: bool = True, norm_eps: float = 1e-5, layer_idx: int | None = None,
                  gate_low_rank_dim: int | None = None, qk_norm: bool | None = None, backend: str = "kernel",
-                 decode_max_len: int = 64, cp_group: Any = None, keep_states: bool = False) -> None:
+                 decode_max_len: int = 64, cp_group: Any = None, keep_states: bool = False,
+                 cp_layout: str = "contiguous") -> None:
         super().__init__()
         # keep_states (FLA's disable_recompute): a training step keeps the state pass's H_n and U for the backward
         # instead of running that pass again there (the package's forward(keep_states=...), which refuses it with
         # cp_group)
         self.keep_states = keep_states
         # context parallelism (dgps.runtime.cp): each rank's forward takes its contiguous slice of the tokens (with
-        # the global pack's cu_seqlens); decoding never shards (set cp_group = None on a model used for generation)
-        self.cp_group = cp_group
+        # the global pack's cu_seqlens); decoding never shards (set cp_group = None on a model used for generation).
+        # cp_layout="zigzag": FLA's zigzag slices (rank r: parts r and 2W - 1 - r of 2W), as ring-attention layers
+        # beside it take them; the layer moves its hidden states to contiguous slices and its outputs back
+        # (runtime/cp.py: relayout), so the convolutions' halo and the chain are the contiguous layout's
+        from dgps.runtime.cp import CP_LAYOUTS
+
+        if cp_layout not in CP_LAYOUTS:
+            raise ValueError(f"DGPSLayer: cp_layout must be one of {CP_LAYOUTS}; got {cp_layout!r}")
+        self.cp_group, self.cp_layout = cp_group, cp_layout
         self.rec = spec if isinstance(spec, Recurrence) else load(spec)
         ir = self.ir = self.rec.ir
         self.hidden_size, self.layer_idx = hidden_size, layer_idx
@@ -391,10 +399,26 @@ class DGPSLayer(nn.Module):
                 cler_in: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any] | None, dict[str, torch.Tensor]]:
         if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden must be [B, T, {self.hidden_size}], got {list(hidden.shape)}")
-        B, T, _ = hidden.shape
         if self.cp_group is not None and self.backend != "kernel":
             raise NotImplementedError(f"{self.ir.name}: DGPSLayer(cp_group=...) needs backend='kernel' (the sequential "
                                       "reference does not chain slices)")
+        if self.cp_group is not None and self.cp_layout == "zigzag":
+            from dgps.runtime.cp import check_zigzag, relayout
+
+            check_zigzag(hidden.shape[1], self.cp_group, hidden.device, f"{self.ir.name}: DGPSLayer")
+            ins = [hidden] + ([cler_in] if cler_in is not None else [])
+            moved = relayout(ins, self.cp_group, "zigzag", "contiguous")
+            y, new_state, extras = self._forward(moved[0], cu_seqlens, past_state, use_cache,
+                                                 moved[1] if cler_in is not None else None)
+            names = list(extras)
+            back = relayout([y, *(extras[n] for n in names)], self.cp_group, "contiguous", "zigzag")
+            return back[0], new_state, dict(zip(names, back[1:], strict=True))
+        return self._forward(hidden, cu_seqlens, past_state, use_cache, cler_in)
+
+    def _forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor | None, past_state: dict[str, Any] | None,
+                 use_cache: bool, cler_in: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, dict[str, Any] | None, dict[str, torch.Tensor]]:
+        B, T, _ = hidden.shape
         past_state = past_state or {}
         x, conv_cache = self.recurrence_inputs(hidden, cu_seqlens, past_state.get("conv"), cler_in)
         out = self._recurrence(x, past_state.get("rec"), use_cache, cu_seqlens)

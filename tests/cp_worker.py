@@ -1,7 +1,8 @@
 """One rank of tests/test_context_parallel.py: a gloo group on the CPU, the kernels under Triton's interpreter.
 
     python tests/cp_worker.py RANK WORLD PORT OUT_DIR CASE [CASE ...]     CASE = spec:LAYOUT:h0|zero
-    LAYOUT = rows | packed | packed_b | packed_c (the global offsets below)
+    LAYOUT = rows | packed | packed_b | packed_c (the global offsets below); with the suffix _zz, the same tokens in
+    FLA's zigzag slices (2W equal parts, rank r holding parts r and 2W - 1 - r: cp_layout="zigzag")
 
 For each case, rank 0 runs the unsharded call (forward and backward) and saves it; every rank then runs its
 slice with cp_group and compares o, the route, the final states and every gradient (its slice's inputs; the
@@ -46,6 +47,16 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
+def _tokens(rank: int, world: int, T: int, zigzag: bool) -> torch.Tensor:
+    """The global token indices of a rank's slice: contiguous, or zigzag's parts rank and 2·world − 1 − rank."""
+    if not zigzag:
+        step = T // world
+        return torch.arange(rank * step, (rank + 1) * step)
+    P = T // (2 * world)
+    back = 2 * world - 1 - rank
+    return torch.cat([torch.arange(rank * P, (rank + 1) * P), torch.arange(back * P, (back + 1) * P)])
+
+
 def _losses(out, dos: dict[str, torch.Tensor]) -> torch.Tensor:  # noqa: ANN001
     loss = (out.o * dos["o"]).sum()
     if out.route is not None:
@@ -83,6 +94,8 @@ class _Count:
 
 def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
     spec, layout, h0_kind = case.split(":")
+    zigzag = layout.endswith("_zz")
+    layout = layout.removesuffix("_zz")
     pkg = importlib.import_module(f"dgps.generated.{spec}")
     ir = pkg.IR
     packed = layout.startswith("packed")
@@ -113,23 +126,24 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
     dist.barrier()
     ref = torch.load(ref_path)
     step = T // world
-    lo, hi = rank * step, (rank + 1) * step
-    xs = {n: (t.clone() if n in params else t[:, lo:hi].clone()).requires_grad_() for n, t in x.items()}
+    idx = _tokens(rank, world, T, zigzag)
+    xs = {n: (t.clone() if n in params else t[:, idx].clone()).requires_grad_() for n, t in x.items()}
     hs = {n: s.clone().requires_grad_() for n, s in h0.items()}
-    sl = {"o": dos["o"][:, lo:hi], "route": dos["route"][:, lo:hi], **{k: v for k, v in dos.items() if k.startswith("final_")}}
+    sl = {"o": dos["o"][:, idx], "route": dos["route"][:, idx], **{k: v for k, v in dos.items() if k.startswith("final_")}}
     with _Count(pkg.chunk) as count:
         out = pkg.forward(**xs, initial_state=hs or None, output_final_state=True, cu_seqlens=cu,
-                          cp_group=dist.group.WORLD)
+                          cp_group=dist.group.WORLD, cp_layout="zigzag" if zigzag else "contiguous")
         count.phase = "backward"
         _losses(out, sl).backward()
     # the slice's layout, for the expected counts: its first segment continues a sequence; the next rank continues
-    # this rank's last one (else a pass of the backward has a zero adjoint and is skipped)
+    # this rank's last one (else a pass of the backward has a zero adjoint and is skipped). A zigzag call runs the
+    # contiguous slices (runtime/cp.py: relayout), so its counts are theirs
     lays = [slice_layout(offsets, B, r * step, (r + 1) * step, T) for r in range(world)]
     COUNTS[case] = {**count.counts, "continued": lays[rank].carry_in,
                     "later": rank + 1 < world and lays[rank + 1].carry_in}
-    errs = {"o": _max_rel(out.o, ref["o"][:, lo:hi])}
+    errs = {"o": _max_rel(out.o, ref["o"][:, idx])}
     if out.route is not None:
-        errs["route"] = _max_rel(out.route, ref["route"][:, lo:hi])
+        errs["route"] = _max_rel(out.route, ref["route"][:, idx])
     for n, s in out.final_state.items():  # rows filled where each sequence ends: their sum is the unsharded state
         total = s.detach().clone()
         dist.all_reduce(total)
@@ -141,7 +155,7 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
             dist.all_reduce(g)
             errs["d" + n] = _max_rel(g, ref["dx"][n])
         else:
-            errs["d" + n] = _max_rel(g, ref["dx"][n][:, lo:hi])
+            errs["d" + n] = _max_rel(g, ref["dx"][n][:, idx])
     for n, s in hs.items():
         g = s.grad.clone() if s.grad is not None else torch.zeros_like(s)
         dist.all_reduce(g)
@@ -199,6 +213,8 @@ def run_layer_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str,
     from dgps.runtime.layers import DGPSLayer
 
     spec_name, layout, init = case.split(":")
+    zigzag = layout.endswith("_zz")
+    layout = layout.removesuffix("_zz")
     spec = Path(__file__).resolve().parents[1] / "specs" / f"{spec_name.removeprefix('layer_')}.dgps"
     torch.manual_seed(0)
     kw = dict(hidden_size=32, num_heads=H, head_k_dim=DK, head_v_dim=DV, use_short_conv=init != "zero")
@@ -214,7 +230,7 @@ def run_layer_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str,
         n_seq = len(LAYER_PACKED[world]) - 1 if packed else B
         past = {"conv": {n: torch.randn(n_seq, c.channels, c.kernel_size - 1, generator=gen)
                          for n, c in (("q", layer.q_conv1d), ("k", layer.k_conv1d), ("v", layer.v_conv1d))}}
-    y_full, state_full, _ = layer(hidden, cu_seqlens=cu, past_state=past, use_cache=use_cache)
+    y_full, state_full, extras_full = layer(hidden, cu_seqlens=cu, past_state=past, use_cache=use_cache)
     dy = torch.randn(y_full.shape, generator=gen)
     (y_full * dy).sum().backward()
     ref = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
@@ -229,15 +245,17 @@ def run_layer_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str,
     (y64 * dy.double()).sum().backward()
     ref64 = {n: p.grad for n, p in exact.named_parameters() if p.grad is not None}
     layer.zero_grad()
-    layer.cp_group = dist.group.WORLD
+    layer.cp_group, layer.cp_layout = dist.group.WORLD, "zigzag" if zigzag else "contiguous"
     lo = sum(lengths[:rank])
-    hi = lo + lengths[rank]
-    mine = hidden.detach()[:, lo:hi].clone().requires_grad_()
-    y, state, _ = layer(mine, cu_seqlens=cu, past_state=past, use_cache=use_cache)
-    (y * dy[:, lo:hi]).sum().backward()
-    errs = {"y": _max_rel(y, y_full[:, lo:hi])}
+    idx = _tokens(rank, world, T, True) if zigzag else torch.arange(lo, lo + lengths[rank])
+    mine = hidden.detach()[:, idx].clone().requires_grad_()
+    y, state, extras = layer(mine, cu_seqlens=cu, past_state=past, use_cache=use_cache)
+    (y * dy[:, idx]).sum().backward()
+    errs = {"y": _max_rel(y, y_full[:, idx])}
+    for n, t in extras.items():  # the route (and CLER's r) in the slice's order too
+        errs[n] = _max_rel(t, extras_full[n][:, idx])
     # the hidden states' gradient: a rank's tokens in a later rank's halo get their share from that rank
-    errs["dhidden"] = _max_rel(mine.grad, dhidden[:, lo:hi])
+    errs["dhidden"] = _max_rel(mine.grad, dhidden[:, idx])
     for n, p in layer.named_parameters():
         if n in ref:
             g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)

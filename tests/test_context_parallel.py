@@ -159,6 +159,49 @@ def test_cp_four_ranks_every_spec(tmp_path: Path) -> None:
     _check_counts(tmp_path, cases, 4)  # the middle ranks run both passes of the backward
 
 
+def test_cp_zigzag(tmp_path: Path) -> None:
+    # FLA's zigzag slices (rank r: parts r and 2W - 1 - r of 2W equal parts; cp_layout="zigzag"): the inputs move to
+    # contiguous slices and o, the route and their gradients come back (runtime/cp.py: relayout). Two ranks: a pack
+    # whose sequence 1 crosses both part boundaries, rows; the layer with its convolutions and the route
+    cases = ["gdn:packed_zz:h0", "cler_h_gdn:packed_zz:h0", "kda:rows_zz:h0", "pgdn:packed_zz:zero",
+             "layer_gdn:packed_zz:conv", "layer_cler_h_gdn:rows_zz:zero"]
+    _check(_spawn(2, cases, tmp_path), cases, 2)
+    _check_counts(tmp_path, cases, 2)
+
+
+def test_cp_zigzag_four_ranks(tmp_path: Path) -> None:
+    # four ranks of two parts of 12 tokens: rank 0 holds the first and the last part (sequence 2's end), the middle
+    # ranks' parts lie inside sequence 1 (0, 10, 80, 96)
+    cases = ["gdn:packed_zz:h0", "ccq_gdn:rows_zz:h0"]
+    _check(_spawn(4, cases, tmp_path), cases, 4)
+    _check_counts(tmp_path, cases, 4)
+
+
+def test_cp_layout_is_checked() -> None:
+    # before any collective: an unknown layout is one line, on the package and on the layer
+    import importlib
+
+    import dgps
+    from dgps.runtime.layers import DGPSLayer
+
+    pkg = importlib.import_module("dgps.generated.gdn")
+    x = pkg.RECURRENCE.random_inputs(1, 8, 2, 16, 16, dtype=torch.float32, seed=0)
+    with pytest.raises(ValueError, match="cp_layout must be one of"):
+        pkg.forward(**x, cp_group=object(), cp_layout="ring")
+    with pytest.raises(ValueError, match="cp_layout must be one of"):
+        DGPSLayer(dgps.load(WORKER.parents[1] / "specs" / "gdn.dgps"), hidden_size=32, num_heads=2, head_k_dim=16,
+                  head_v_dim=16, cp_layout="ring")
+
+
+def test_zigzag_parts_and_homes() -> None:
+    from dgps.runtime.cp import _part_homes, zigzag_parts
+
+    assert [zigzag_parts(3, r) for r in range(3)] == [(0, 5), (1, 4), (2, 3)]
+    zz, cont = _part_homes(3, "zigzag"), _part_homes(3, "contiguous")
+    assert zz == {0: (0, 0), 1: (1, 0), 2: (2, 0), 3: (2, 1), 4: (1, 1), 5: (0, 1)}
+    assert cont == {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (2, 0), 5: (2, 1)}
+
+
 def test_slice_layout() -> None:
     # the worker's 4-rank packs b and c (cp_worker.OFFSETS): (continued, passes through, passes on) per rank
     b = [cp.slice_layout((0, 30, 60, 96), 1, 24 * r, 24 * (r + 1), 96) for r in range(4)]

@@ -233,12 +233,14 @@ def forward(
     scale: float | None = None,
     cp_group: Any = None,
     keep_states: bool = False,
+    cp_layout: str = "contiguous",
 ) -> RecurrenceOutput:
     """o [B, T, HV, dv], final states (dict, FLA layout, when asked) and the route output, if any.
 
     Differentiable with respect to every input, param and initial state (chunked backward kernels).
     `cp_group` (a torch.distributed group): context parallelism, this rank's contiguous slice of the tokens with
-    the global pack's `cu_seqlens` (dgps.runtime.cp; docs/context_parallel.md).
+    the global pack's `cu_seqlens` (dgps.runtime.cp; docs/context_parallel.md); `cp_layout="zigzag"`: FLA's zigzag
+    slices instead (the tokens in 2W equal parts, rank r holding parts r and 2W - 1 - r, front then back).
     `keep_states` (FLA's disable_recompute): a training step keeps the state pass's per-chunk states H_n and U for
     the backward instead of running the state pass again there: one launch less per step for 512 B more
     per token and value head (dk = dv = 128, bf16) held from the forward to the backward. Not with `cp_group`.
@@ -250,7 +252,8 @@ def forward(
         from dgps.runtime.cp import cp_forward
 
         return cp_forward(sys.modules[__name__], _inputs(q, k, v, a, A_log, dt_bias), group=cp_group, initial_state=initial_state,
-                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, scale=scale)
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, scale=scale,
+                          cp_layout=cp_layout)
     x, dims = check_inputs(IR, _inputs(q, k, v, a, A_log, dt_bias))
     if x["q"].dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise dgps.TensorError(f"mamba2.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
