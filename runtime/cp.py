@@ -197,14 +197,55 @@ def slice_layout(cu: Sequence[int] | None, B: int, start: int, end: int, total: 
     return SliceLayout(True, local, rows, len(cu) - 1, carry, carry and not inner, ends)
 
 
+def global_offsets_from_fla_zigzag(context: Any, group: Any, T: int) -> torch.Tensor:
+    """The global pack's offsets behind an FLA zigzag context (`layout='zigzag'`), which carries only this rank's:
+    its local `cu_seqlens` (the front part's sequences, then the back part's), `part_len`, `front_num_seqs` and
+    `is_first_by_part` (a sequence starts at the part's first token). One all_gather of every rank's; a part's inner
+    offsets and its start, where a sequence starts there, are the pack's boundaries."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    P = int(context.part_len)
+    cu_t = context.cu_seqlens_cpu if getattr(context, "cu_seqlens_cpu", None) is not None else context.cu_seqlens
+    local = [int(c) for c in cu_t.tolist()]
+    if T != 2 * P or local[0] != 0 or local[-1] != T:
+        raise TensorError(f"cp_context (zigzag): the local slice must be two parts of part_len = {P} tokens, packed "
+                          f"[1, {2 * P}, ...]; got T = {T} and local offsets ending at {local[-1]}")
+    # fixed-size rows for the gather: [count, front_num_seqs, first(front), first(back), offsets..., padding]
+    width = 4 + 2 * P + 2
+    row = torch.zeros(width, dtype=torch.int64)
+    row[:4] = torch.tensor([len(local), int(context.front_num_seqs), *(int(b) for b in context.is_first_by_part)])
+    row[4:4 + len(local)] = torch.tensor(local)
+    device = context.cu_seqlens.device
+    rows = [torch.empty(width, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(rows, row.to(device), group=group)
+    parts = []
+    for t in (r.cpu().tolist() for r in rows):
+        parts.append((t[4:4 + t[0]], t[1], (bool(t[2]), bool(t[3]))))
+    return torch.tensor(zigzag_offsets(parts, P), dtype=torch.int32)
+
+
+def zigzag_offsets(ranks: Sequence[tuple[Sequence[int], int, tuple[bool, bool]]], P: int) -> list[int]:
+    """The global pack's offsets from every zigzag rank's (local offsets, front_num_seqs, is_first_by_part), in rank
+    order: each part's inner offsets at its place, and its first token where a sequence starts there."""
+    world = len(ranks)
+    bounds = {0, 2 * world * P}
+    for r, (offs, front, first) in enumerate(ranks):
+        for pos, slot in enumerate(zigzag_parts(world, r)):
+            inner = offs[:front + 1] if pos == 0 else [c - P for c in offs[front:]]
+            bounds.update(slot * P + c for c in inner if 0 < c < P)
+            if first[pos]:
+                bounds.add(slot * P)
+    return sorted(bounds)
+
+
 def layout_from_fla(context: Any, B: int, T: int) -> SliceLayout:
     """The layout of an FLA `FLACPContext` (fla.ops.cp.build_cp_context, contiguous): local cu_seqlens, and
     is_first_rank (the first local sequence starts here) / is_last_rank (the last one ends here).
     Initial and final states are indexed by local sequence, as FLA's CP does."""
     if getattr(context, "layout", "contiguous") != "contiguous":
-        raise CPUnsupported(f"cp_context.layout = {context.layout!r}: FLA's context carries no global offsets, which "
-                            "dgps's zigzag slices need: call the package's forward (or DGPSLayer) with cp_group=group, "
-                            "the global cu_seqlens and cp_layout='zigzag'")
+        raise CPUnsupported(f"cp_context.layout = {context.layout!r}: a layout dgps does not know (it takes "
+                            "'contiguous' and 'zigzag')")
     cu_t = context.cu_seqlens_cpu if getattr(context, "cu_seqlens_cpu", None) is not None else context.cu_seqlens
     if cu_t is None:
         raise TensorError("cp_context.cu_seqlens is None: FLA's CP context always carries the local offsets")

@@ -43,8 +43,10 @@ Options and how they are treated:
   with `use_graph`), `safe_gate` (FLA's M=16 kernel path for gates in `[lower_bound, 0)`; FLA's validation of
   `lower_bound` is kept).
 * context parallelism: `chunk_gated_delta_rule` and `chunk_kda` take FLA's `cp_context` (what
-  `fla.ops.cp.build_cp_context` returns, contiguous layout: its group, local `cu_seqlens`, `is_first_rank` /
-  `is_last_rank`; initial and final states per local sequence, as FLA's); the others with `**kwargs` take the
+  `fla.ops.cp.build_cp_context` returns; contiguous layout: its group, local `cu_seqlens`, `is_first_rank` /
+  `is_last_rank`; initial and final states per local sequence, as FLA's; zigzag layout: the global offsets gathered
+  from every rank's `cu_seqlens`, `part_len`, `front_num_seqs`, `is_first_by_part`, no states, as FLA's); the others
+  with `**kwargs` take the
   kwarg `cp_group` (a torch.distributed group; `cu_seqlens` then are the global pack's); chunk_gla and
   chunk_precond_gated_delta_rule (FLA signatures without `**kwargs`) take neither: call the package's
   `forward`. dgps.runtime.cp, docs/context_parallel.md.
@@ -234,10 +236,22 @@ def _run(fn: str, spec: str, inputs: Mapping[str, torch.Tensor | None], *, q: to
         from dgps.runtime import cp as cp_mod
 
         group, context = cp
-        layout = None if context is None else cp_mod.layout_from_fla(context, q.shape[0], q.shape[1])
-        out = cp_mod.cp_forward(pkg, given, group=group, initial_state=states or None,
-                                output_final_state=output_final_state, cu_seqlens=None if context else cu_seqlens,
-                                scale=scale, layout=layout)
+        if context is not None and getattr(context, "layout", "contiguous") == "zigzag":
+            # FLA's zigzag slices: the global offsets from every rank's context, then the relayout to contiguous
+            # slices and back (runtime/cp.py: relayout). FLA's CP takes no states; neither does this path
+            if states or output_final_state:
+                raise NotImplementedError(f"{fn}: initial_state / output_final_state with a zigzag cp_context (FLA's "
+                                          "context parallelism takes neither)")
+            if q.shape[0] != 1:
+                raise TensorError(f"{fn}: a zigzag cp_context takes the slice packed to B = 1; got B = {q.shape[0]}")
+            cu_global = cp_mod.global_offsets_from_fla_zigzag(context, group, q.shape[1]).to(q.device)
+            out = cp_mod.cp_forward(pkg, given, group=group, output_final_state=False, cu_seqlens=cu_global,
+                                    scale=scale, cp_layout="zigzag")
+        else:
+            layout = None if context is None else cp_mod.layout_from_fla(context, q.shape[0], q.shape[1])
+            out = cp_mod.cp_forward(pkg, given, group=group, initial_state=states or None,
+                                    output_final_state=output_final_state, cu_seqlens=None if context else cu_seqlens,
+                                    scale=scale, layout=layout)
     o = out.o if out.o.dtype == q.dtype else out.o.to(q.dtype)
     final = out.final_state
     if final is not None and v_first:

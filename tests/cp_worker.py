@@ -165,12 +165,15 @@ def run_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float
 
 
 def run_fla_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, float]:
-    """fla_compat with FLA's cp_context: a stand-in with build_cp_context's fields (contiguous layout)."""
+    """fla_compat with FLA's cp_context: a stand-in with build_cp_context's fields (contiguous layout), or (LAYOUT
+    packed_zz) the zigzag context FLA's own get_cp_cu_seqlens builds for this rank."""
     from types import SimpleNamespace
 
     import dgps.fla_compat as fc
     from dgps.runtime.cp import slice_layout
 
+    if case.split(":")[1] == "packed_zz":
+        return _run_fla_zigzag(case, rank, world)
     fn = {"fla_gdn": fc.chunk_gated_delta_rule, "fla_kda": fc.chunk_kda}[case.split(":")[0]]
     T = PACKED[world][-1]
     gen = torch.Generator().manual_seed(1)
@@ -195,6 +198,37 @@ def run_fla_case(case: str, rank: int, world: int, out_dir: Path) -> dict[str, f
     errs = {"o": _max_rel(o, o_full[:, lo:hi])}
     for n, x, y in zip("qkvgb", xs, ys, strict=True):
         errs["d" + n] = _max_rel(y.grad, x.grad[:, lo:hi])
+    return errs
+
+
+def _run_fla_zigzag(case: str, rank: int, world: int) -> dict[str, float]:
+    """fla_compat's GDN / KDA with the zigzag cp_context of FLA's get_cp_cu_seqlens (fla-core, a test dependency),
+    the slice in FLA's order (parts rank and 2W - 1 - rank), against the unsharded call."""
+    from fla.ops.cp.context import get_cp_cu_seqlens
+
+    import dgps.fla_compat as fc
+
+    fn = {"fla_gdn": fc.chunk_gated_delta_rule, "fla_kda": fc.chunk_kda}[case.split(":")[0]]
+    T = PACKED[world][-1]
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, T, H, DK, generator=gen) for _ in range(2))
+    v = torch.randn(1, T, H, DV, generator=gen)
+    g = 0.05 * torch.nn.functional.logsigmoid(torch.randn(1, T, H, *((DK,) if "kda" in case else ()), generator=gen))
+    beta = torch.rand(1, T, H, generator=gen)
+    cu = torch.tensor(PACKED[world], dtype=torch.int32)
+    xs = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+    o_full, _ = fn(*xs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    do = torch.randn(o_full.shape, generator=gen)
+    (o_full * do).sum().backward()
+    ctx = get_cp_cu_seqlens(cu.long(), world_size=world, rank=rank, layout="zigzag")
+    ctx.group = dist.group.WORLD
+    idx = _tokens(rank, world, T, True)
+    ys = [t[:, idx].detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
+    o, _ = fn(*ys, use_qk_l2norm_in_kernel=True, cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
+    (o * do[:, idx]).sum().backward()
+    errs = {"o": _max_rel(o, o_full[:, idx])}
+    for n, x, y in zip("qkvgb", xs, ys, strict=True):
+        errs["d" + n] = _max_rel(y.grad, x.grad[:, idx])
     return errs
 
 

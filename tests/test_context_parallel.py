@@ -165,6 +165,8 @@ def test_cp_zigzag(tmp_path: Path) -> None:
     # whose sequence 1 crosses both part boundaries, rows; the layer with its convolutions and the route
     cases = ["gdn:packed_zz:h0", "cler_h_gdn:packed_zz:h0", "kda:rows_zz:h0", "pgdn:packed_zz:zero",
              "layer_gdn:packed_zz:conv", "layer_cler_h_gdn:rows_zz:zero"]
+    # fla_compat with the zigzag cp_context FLA's own get_cp_cu_seqlens builds (the global offsets gathered from it)
+    cases += ["fla_gdn:packed_zz:zero", "fla_kda:packed_zz:zero"]
     _check(_spawn(2, cases, tmp_path), cases, 2)
     _check_counts(tmp_path, cases, 2)
 
@@ -172,7 +174,7 @@ def test_cp_zigzag(tmp_path: Path) -> None:
 def test_cp_zigzag_four_ranks(tmp_path: Path) -> None:
     # four ranks of two parts of 12 tokens: rank 0 holds the first and the last part (sequence 2's end), the middle
     # ranks' parts lie inside sequence 1 (0, 10, 80, 96)
-    cases = ["gdn:packed_zz:h0", "ccq_gdn:rows_zz:h0"]
+    cases = ["gdn:packed_zz:h0", "ccq_gdn:rows_zz:h0", "fla_gdn:packed_zz:zero"]
     _check(_spawn(4, cases, tmp_path), cases, 4)
     _check_counts(tmp_path, cases, 4)
 
@@ -191,6 +193,27 @@ def test_cp_layout_is_checked() -> None:
     with pytest.raises(ValueError, match="cp_layout must be one of"):
         DGPSLayer(dgps.load(WORKER.parents[1] / "specs" / "gdn.dgps"), hidden_size=32, num_heads=2, head_k_dim=16,
                   head_v_dim=16, cp_layout="ring")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_zigzag_offsets_from_fla_contexts(world: int) -> None:
+    # the global offsets dgps gathers from FLA's zigzag contexts (fla-core, a test dependency: its own
+    # get_cp_cu_seqlens) are the pack's, for packs with boundaries inside parts, at part starts (a sequence starting
+    # exactly where a part does), one sequence over everything, and many short ones
+    from fla.ops.cp.context import get_cp_cu_seqlens
+
+    P = 12
+    total = 2 * world * P
+    packs = [(0, total), (0, P, total), (0, 5, 2 * P, 2 * P + 1, total), tuple(range(0, total, 5)) + (total,),
+             (0, P - 1, 3 * P, total)]
+    for pack in packs:
+        cu = torch.tensor(pack, dtype=torch.long)
+        ranks = []
+        for r in range(world):
+            c = get_cp_cu_seqlens(cu, world_size=world, rank=r, layout="zigzag")
+            assert c.part_len == P
+            ranks.append((c.cu_seqlens.tolist(), c.front_num_seqs, tuple(c.is_first_by_part)))
+        assert cp.zigzag_offsets(ranks, P) == list(pack), pack
 
 
 def test_zigzag_parts_and_homes() -> None:
