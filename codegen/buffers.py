@@ -117,10 +117,18 @@ def token_buffers(plan: Plan) -> tuple[TokenBuffer, ...]:
 
 
 def kept_buffers(plan: Plan, kinds: tuple[str, ...]) -> list[str]:
-    """The buffers that hold the stored outputs of the forward stages `kinds` (what a training forward keeps of
-    them), in the order of `kinds`."""
+    """The buffers that hold the stored outputs of the forward stages `kinds` that the backward plan keeps (what a
+    training forward keeps of them: the memory model's kept operands), in the order of `kinds`."""
+    bp = build_backward_plan(plan)
+    operands = {f"{m.kind}.{o.name}" for m in bp.memory for o in m.kept} if bp is not None else set()
     bufs = token_buffers(plan)
-    return [b.name for kind in kinds for b in bufs if b.kind == kind]
+    return [b.name for kind in kinds for b in bufs
+            if b.kind == kind and (bp is None or kind not in bp.kept or _operand_key(b) in operands)]
+
+
+def _operand_key(b: TokenBuffer) -> str:
+    """"kind.operand" of a token buffer (its `operand` names the stage, not the kind)."""
+    return f"{b.kind}.{b.operand.split('.', 1)[1]}"
 
 
 # the state pass's outputs a keep_states forward keeps (compiler/plan.py: kept_states) -> their buffers

@@ -459,6 +459,13 @@ def rerun_kinds(plan: Plan, kept: bool) -> tuple[str, ...]:
     return tuple(k for k in plan.kinds() if k != "output" or "output" in bplan.kept)
 
 
+def rerun_launches_without_route(plan: Plan) -> list[Launch]:
+    """Where the rerun of the state pass reads R from the route (rerun_reads_route), the forward keeps no Ũ: a backward
+    given the kept buffers but not the route reruns wy before the state pass."""
+    kinds = build_backward_plan(plan).recomputed
+    return forward_launches(plan, kinds + (("wy",) if rerun_reads_route(plan) else ()), unfused=True)
+
+
 def rerun_launches(plan: Plan, kept: bool) -> list[Launch]:
     """The launches of the forward stages the backward reruns (rerun_kinds), each host alone: a state pass stores
     H_n and U for the backward stages, so an output rerun with it takes its own launch."""
@@ -498,6 +505,7 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
     return dict(backward=True, grad_code=grad_code, parts=parts, backward_launches=launches,
                 cp_backward_launches=cp_bwd,
                 rerun_kept=rerun_launches(plan, True),
+                rerun_kept_without_route=rerun_launches_without_route(plan),
                 rerun_all=rerun_launches(plan, False), bwd_kept_buffers=kept,
                 kept_states=kept_state_buffers(plan),
                 kept_states_bytes=kept_states_bytes(plan),
@@ -840,7 +848,8 @@ def _context(ir: IR) -> dict:
     try:
         ctx.update(_backward_context(ir, em, plan))
     except (NotImplementedError, ValueError, KeyError) as exc:
-        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[], rerun_all=[],
+        ctx.update(backward=False, backward_why=str(exc), grad_code="", parts=[], rerun_kept=[],
+                   rerun_kept_without_route=[], rerun_all=[],
                    bwd_kept_buffers=[], kept_states=[], kept_states_bytes=0, cp_backward_launches=[],
                    backward_launches=[], stored_parts=[], fused_grads={p: "" for p in _ADJOINT_OF_PART},
                    tied_keys=False, reads_dy=False, pair_source="fused", grads_launch="bwd_grads",

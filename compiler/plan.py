@@ -566,9 +566,10 @@ def rerun_reads_route(p: Plan) -> bool:
     for ~470 MB moved, gdn's (no route) 0.149 for ~400 MB; this form moves ~270 MB. Exact in fp32; with 16-bit inputs
     the chain's U = β ⊙ R ⊙ e^(...) is rounded once more (the product's operand was rounded from the fp32 R). The
     package (and a context-parallel slice, whose final pass formed it from the true incoming state) saves the route for
-    the backward (save_for_backward: an in-place change to it is caught); a rerun without it (a second backward of a
-    retained graph, which reruns everything; a direct chunk_backward call not given it) forms R as before, so W and Ũ
-    stay kept."""
+    the backward (save_for_backward: an in-place change to it is caught). No backward stage reads Ũ then, so the
+    memory model does not keep it; a backward given the kept buffers but not the route (a direct chunk_backward call)
+    reruns wy first (codegen/chunk.py: rerun_launches_without_route), and a second backward of a retained graph reruns
+    everything, as before."""
     return _route_in_rerun(p) and residual_solve(p) and bool(p.find("state_pass"))
 
 
@@ -1687,6 +1688,11 @@ def memory_model(plan: Plan, stages: tuple[Stage, ...]) -> tuple[MemoryDecision,
         else:
             why = _kept(plan, sts, rerun, read)
             kept = tuple(o for st in sts for o in st.outputs if stored(plan, st, o, read))
+            if kind == "wy" and rerun_reads_route(plan):
+                # only the rerun of the state pass read Ũ, and it reads R from the route instead: a backward without
+                # the route (a direct chunk_backward call, not given it) reruns wy as well (rerun_without_route)
+                kept = tuple(o for o in kept if o.name.rstrip("_") != "Ut")
+                why += "; Ũ is not: the rerun of the state pass reads R from the route (rerun_reads_route)"
         out.append(MemoryDecision(kind, RECOMPUTE_COST[kind], kept, kind in rerun, why, last_read_phase(plan, sts, read)))
     return tuple(out)
 

@@ -77,7 +77,8 @@ def _expected_counts(spec: str, continued: bool, later: bool) -> tuple[Counter, 
     fwd += Counter(k[0] for k in ks["transition"] if continued and later)
     runs = {None: True, "first": continued, "aux_first": continued, "again": not continued or later,
             "aux_again": not continued or later}
-    bwd = Counter(k[0] for k in chunk._rerun_kernels(True))
+    # a slice passes its route to the rerun where the state pass reads R from it (no wy then: Ũ is not kept)
+    bwd = Counter(k[0] for k in chunk._rerun_kernels(True, route=chunk.ROUTE_FEEDS_RERUN))
     bwd += Counter(k[0] for k in chunk._cp_bwd_kernels() if k[2] != "hook" and runs[k[3]])
     return fwd, bwd
 

@@ -28,7 +28,7 @@ from dgps.codegen.buffers import (  # noqa: E402
     kept_buffers,
 )
 from dgps.codegen.chunk import supports_chunk, supports_chunk_backward  # noqa: E402
-from dgps.compiler.plan import build_backward_plan, build_plan, launch_of  # noqa: E402
+from dgps.compiler.plan import build_backward_plan, build_plan, launch_of, rerun_reads_route  # noqa: E402
 from dgps.runtime.compile import load_chunk  # noqa: E402
 
 SPECS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "specs").glob("*.dgps"))
@@ -113,9 +113,16 @@ def test_launches_are_the_plan(name: str, launch_list: Callable) -> None:
     do = torch.randn_like(out.o)
     # the rerun of the state pass (without the output) stores H_n and U for the backward stages (a stage evaluated on
     # its consumers' loads, recomputed there, launches nothing)
-    rerun = _want(plan, bp.recomputed)
+    rerun = rerun_kept = _want(plan, bp.recomputed)
     assert "chunk_state_pass_kernel" in rerun
     bwd = [BWD_KERNEL[k] for k in bp.kinds()]
+    if rerun_reads_route(plan):
+        # given the forward's route, the rerun of the state pass reads R from it; the forward kept no Ũ, so without
+        # the route wy runs again first
+        assert "u_buf" not in mod._KEPT_BUFFERS and mod.ROUTE_FEEDS_RERUN
+        assert launch_list(mod, lambda: mod.chunk_backward(x, do=do, kept=kept, route=out.route)) == rerun + bwd
+        out, kept = mod.chunk_forward_train(x)
+        rerun = _want(plan, bp.recomputed + ("wy",))
     bbufs: dict = {}
     assert launch_list(mod, lambda: mod.chunk_backward(x, do=do, kept=kept), bbufs) == rerun + bwd
     # the rerun stores U exactly where the plan's state pass outputs it (the additive family's U = β Z is formed on
@@ -144,7 +151,7 @@ def test_launches_are_the_plan(name: str, launch_list: Callable) -> None:
     kept_states = kept_s[len(mod._KEPT_BUFFERS):]
     sbbufs: dict = {}
     assert launch_list(mod, lambda: mod.chunk_backward(x, do=do, kept=kept_s), sbbufs) == \
-        [k for k in rerun if k != "chunk_state_pass_kernel"] + bwd
+        [k for k in rerun_kept if k != "chunk_state_pass_kernel"] + bwd
     # the backward reads the forward's own
     assert all(sbbufs[n] is t for n, t in zip(mod._KEPT_STATES, kept_states, strict=True))
 

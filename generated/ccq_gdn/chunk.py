@@ -2035,7 +2035,7 @@ def _per_call(kernels, n_state, DV, device):
     return [x for k in kernels for x in ([unfused[n] for n in _UNFUSED_FORM[k[0]]] if k[0] in _UNFUSED_FORM else [k])]
 
 
-def _rerun_kernels(kept, states=False):
+def _rerun_kernels(kept, states=False, route=False):
     """(name, kernel, grid kind) of the forward stages the backward reruns: those whose buffers the forward did not
     keep, or every stage but the output when it kept nothing. Each runs alone, so a state pass stores H_n and U
     for the backward stages (the forward's may have the output fused in, and store neither). `states`: the forward
@@ -2684,7 +2684,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     given = None
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True,
-                        kernels=_rerun_kernels(kept is not None, _states_kept(kept)), kept=kept, route_given=given)
+                        kernels=_rerun_kernels(kept is not None, _states_kept(kept), given is not None), kept=kept,
+                        route_given=given)
     if isinstance(kept, list):
         kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims

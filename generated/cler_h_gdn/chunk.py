@@ -1382,15 +1382,22 @@ def _per_call(kernels, n_state, DV, device):
     return [x for k in kernels for x in ([unfused[n] for n in _UNFUSED_FORM[k[0]]] if k[0] in _UNFUSED_FORM else [k])]
 
 
-def _rerun_kernels(kept, states=False):
+def _rerun_kernels(kept, states=False, route=False):
     """(name, kernel, grid kind) of the forward stages the backward reruns: those whose buffers the forward did not
     keep, or every stage but the output when it kept nothing. Each runs alone, so a state pass stores H_n and U
     for the backward stages (the forward's may have the output fused in, and store neither). `states`: the forward
-    kept H_n and U too (keep_states), so no state pass runs again."""
+    kept H_n and U too (keep_states), so no state pass runs again. `route`: the state pass reads R from the
+    forward's route; without it, wy runs again for the Ũ the forward did not keep (compiler/plan.py:
+    rerun_reads_route)."""
     if kept:
         rerun = [
             ("state_pass", chunk_state_pass_kernel, "state"),
         ]
+        if not route and not states:
+            rerun = [
+                ("wy", chunk_wy_kernel, "chunk"),
+                ("state_pass", chunk_state_pass_kernel, "state"),
+            ]
         return [k for k in rerun if not (states and k[0] == "state_pass")]
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
@@ -1403,7 +1410,7 @@ def _rerun_kernels(kept, states=False):
 
 
 # the per-token buffers the training forward keeps for the backward plan
-_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf", "w_buf", "u_buf", "s_buf"]
+_KEPT_BUFFERS = ["pn_q", "pn_k", "g_buf", "t_buf", "w_buf", "s_buf"]
 # whether the backward's rerun of the state pass reads R from the training forward's route output, where chunk_backward
 # is given it (compiler/plan.py: rerun_reads_route)
 ROUTE_FEEDS_RERUN = True
@@ -1996,7 +2003,8 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # rerun of everything, or none of the state pass, has no use for it)
     given = route if kept is not None and not _states_kept(kept) else None
     out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True,
-                        kernels=_rerun_kernels(kept is not None, _states_kept(kept)), kept=kept, route_given=given)
+                        kernels=_rerun_kernels(kept is not None, _states_kept(kept), given is not None), kept=kept,
+                        route_given=given)
     if isinstance(kept, list):
         kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims
