@@ -5,6 +5,7 @@
     python benchmarks/cp_one_gpu.py --world 4 --T 4096                 # 4 processes: the middle ranks' transitions
     python benchmarks/cp_one_gpu.py --device cpu --T 128 --D 32 --H 2 --reps 2 --warmup 0    # the interpreter (CPU)
     python benchmarks/cp_one_gpu.py --world 8 --gpu-per-rank --T 32768   # a multi-GPU host: NCCL, one GPU per rank
+    python benchmarks/cp_one_gpu.py --layout zigzag      # FLA's zigzag slices (cp_layout="zigzag": the token relayout)
 
 torch.multiprocessing spawns --world processes with a gloo group on the one device (gloo takes CUDA tensors; NCCL
 refuses two ranks on one GPU); the sequence [B, world x T] is cut in slices of T tokens. Per system:
@@ -41,12 +42,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parent.parent
+ALL = slice(None)  # every token
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
@@ -55,37 +58,47 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
             "norm": float((a - b).norm() / b.norm().clamp_min(1e-30))}
 
 
-def _loss(out, do: torch.Tensor, dfin: dict[str, torch.Tensor], lo: int | None = None,  # noqa: ANN001
-          hi: int | None = None) -> torch.Tensor:
-    loss = (out.o.float() * do[:, lo:hi]).sum()
+def _loss(out, do: torch.Tensor, dfin: dict[str, torch.Tensor], sel: Any = ALL) -> torch.Tensor:  # noqa: ANN001
+    loss = (out.o.float() * do[:, sel]).sum()
     for n, g in dfin.items():
         loss = loss + (out.final_state[n].float() * g).sum()
     return loss
 
 
-def _leaves(pkg, x: dict, h0: dict, lo: int | None = None, hi: int | None = None) -> tuple[dict, dict]:  # noqa: ANN001
-    """Leaf copies of the inputs of x[:, lo:hi] (params whole) and of the initial states, requiring grad."""
+def _leaves(pkg, x: dict, h0: dict, sel: Any = ALL) -> tuple[dict, dict]:  # noqa: ANN001
+    """Leaf copies of the inputs' tokens `sel` (a slice or an index tensor; params whole) and of the initial states,
+    requiring grad."""
     params = {d.name for d in pkg.IR.inputs if d.is_param}
-    xs = {n: (t if n in params else t[:, lo:hi]).detach().clone().requires_grad_() for n, t in x.items()}
+    xs = {n: (t if n in params else t[:, sel]).detach().clone().requires_grad_() for n, t in x.items()}
     hs = {n: s.detach().clone().requires_grad_(n != "n") for n, s in h0.items()}
     return xs, hs
 
 
-def _call(pkg, xs: dict, hs: dict, do, dfin, lo=None, hi=None, group=None, backward=True):  # noqa: ANN001, ANN202
+def _call(pkg, xs: dict, hs: dict, do, dfin, sel=ALL, group=None, backward=True, layout="contiguous"):  # noqa: ANN001, ANN202
     """One call, forward and (backward) backward into the leaves' .grad."""
     for t in (*xs.values(), *hs.values()):
         t.grad = None
+    kw = {"cp_layout": layout} if group is not None else {}
     if not backward:
         with torch.no_grad():
-            return pkg.forward(**xs, initial_state=hs, output_final_state=True, cp_group=group)
-    out = pkg.forward(**xs, initial_state=hs, output_final_state=True, cp_group=group)
-    _loss(out, do, dfin, lo, hi).backward()
+            return pkg.forward(**xs, initial_state=hs, output_final_state=True, cp_group=group, **kw)
+    out = pkg.forward(**xs, initial_state=hs, output_final_state=True, cp_group=group, **kw)
+    _loss(out, do, dfin, sel).backward()
     return out
 
 
-def _run(pkg, x: dict, h0: dict, do, dfin, lo=None, hi=None, group=None):  # noqa: ANN001, ANN202
-    xs, hs = _leaves(pkg, x, h0, lo, hi)
-    return _call(pkg, xs, hs, do, dfin, lo, hi, group), xs, hs
+def _run(pkg, x: dict, h0: dict, do, dfin, sel=ALL, group=None, layout="contiguous"):  # noqa: ANN001, ANN202
+    xs, hs = _leaves(pkg, x, h0, sel)
+    return _call(pkg, xs, hs, do, dfin, sel, group, layout=layout), xs, hs
+
+
+def _tokens(rank: int, world: int, T: int, layout: str, device: torch.device) -> Any:
+    """This rank's tokens of the world x T sequence: its contiguous slice, or (zigzag) parts rank and
+    2·world − 1 − rank of 2·world."""
+    if layout == "contiguous":
+        return slice(rank * T, (rank + 1) * T)
+    P, back = T // 2, 2 * world - 1 - rank
+    return torch.cat([torch.arange(rank * P, (rank + 1) * P), torch.arange(back * P, (back + 1) * P)]).to(device)
 
 
 def _time(fn, sync, reps: int, warmup: int, barrier=None) -> float:  # noqa: ANN001
@@ -116,7 +129,7 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
     ir = pkg.IR
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     T2 = a.world * a.T
-    lo, hi = rank * a.T, (rank + 1) * a.T
+    sel = _tokens(rank, a.world, a.T, a.layout, dev)
     x32 = random_inputs(ir, a.B, T2, a.H, a.D, a.D, dtype=torch.float32, seed=a.seed)
     for d in ir.inputs:  # weak decay: M stays O(1) over the last tokens of a slice, so an error in it shows
         if d.domain == "log_gate" and not d.is_param:
@@ -138,7 +151,7 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
     # (a) exactness: the unsharded call (in the dtype, and in fp32 for the floor) and the CP call
     ref, rx, rh = _run(pkg, x, h0, do, dfin)
     ref32, rx32, rh32 = _run(pkg, x32, h0, do, dfin)
-    out, xs, hs = _run(pkg, x, h0, do, dfin, lo=lo, hi=hi, group=group)
+    out, xs, hs = _run(pkg, x, h0, do, dfin, sel=sel, group=group, layout=a.layout)
     sync()
     errs, errs32, floor = {}, {}, {}
 
@@ -146,7 +159,7 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
         # the floor on the same part as the CP comparison (a rank's slice of a per-token tensor)
         errs[key], errs32[key], floor[key] = _rel(ours, want), _rel(ours, want32), _rel(want, want32)
 
-    compare("o", out.o, ref.o[:, lo:hi], ref32.o[:, lo:hi])
+    compare("o", out.o, ref.o[:, sel], ref32.o[:, sel])
     for n, s in out.final_state.items():
         total = s.detach().clone()
         dist.all_reduce(total, group=group)
@@ -157,7 +170,7 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
             dist.all_reduce(g, group=group)
             compare("d" + n, g, rx[n].grad, rx32[n].grad)
         else:
-            compare("d" + n, g, rx[n].grad[:, lo:hi], rx32[n].grad[:, lo:hi])
+            compare("d" + n, g, rx[n].grad[:, sel], rx32[n].grad[:, sel])
     for n, s in hs.items():
         if s.grad is None or rh[n].grad is None:
             continue
@@ -188,22 +201,23 @@ def _system(name: str, a: argparse.Namespace, rank: int, dev: torch.device) -> d
     from dgps.runtime import cp as cp_mod
 
     paths = [("cp", True)] + ([("cp_calls", False)] if a.calls else [])
-    xs, hs = _leaves(pkg, x, h0, lo, hi)
+    xs, hs = _leaves(pkg, x, h0, sel)
     for label, kernel_path in paths:
         cp_mod.KERNEL_PATH = kernel_path
         try:
-            ms[f"{label}_fwd"] = _time(lambda: _call(pkg, xs, hs, do, dfin, lo, hi, group, backward=False), sync, reps,
-                                       warm, barrier)
-            ms[f"{label}_step"] = _time(lambda: _call(pkg, xs, hs, do, dfin, lo, hi, group), sync, reps, warm, barrier)
+            ms[f"{label}_fwd"] = _time(lambda: _call(pkg, xs, hs, do, dfin, sel, group, backward=False,
+                                                     layout=a.layout), sync, reps, warm, barrier)
+            ms[f"{label}_step"] = _time(lambda: _call(pkg, xs, hs, do, dfin, sel, group, layout=a.layout), sync, reps,
+                                        warm, barrier)
         finally:
             cp_mod.KERNEL_PATH = True
-    for label, (a_, b_) in (("plain", (0, a.T)), ("full", (None, None))):
+    for label, part_sel in (("plain", slice(0, a.T)), ("full", ALL)):
         barrier()
         if rank == 0:
-            ys, gs = _leaves(pkg, x, h0, a_, b_)
+            ys, gs = _leaves(pkg, x, h0, part_sel)
             for part, bwd in (("fwd", False), ("step", True)):
-                ms[f"{label}_{part}"] = _time(lambda ys=ys, gs=gs, a_=a_, b_=b_, bwd=bwd: _call(
-                    pkg, ys, gs, do, dfin, a_, b_, backward=bwd), sync, reps, warm)
+                ms[f"{label}_{part}"] = _time(lambda ys=ys, gs=gs, ps=part_sel, bwd=bwd: _call(
+                    pkg, ys, gs, do, dfin, ps, backward=bwd), sync, reps, warm)
             del ys, gs
         barrier()
     res = {"errors_vs_unsharded": errs, "errors_vs_unsharded_fp32": errs32, "floor_unsharded_vs_fp32": floor,
@@ -240,7 +254,7 @@ def _worker(rank: int, a: argparse.Namespace, port: int, out_path: str) -> None:
         results[name] = _system(name, a, rank, dev)
     if rank == 0:
         gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET=1)"
-        line = {"bench": "cp_one_gpu", "device": gpu, "world": a.world, "backend": a.backend,
+        line = {"bench": "cp_one_gpu", "device": gpu, "world": a.world, "backend": a.backend, "layout": a.layout,
                 "gpu_per_rank": a.gpu_per_rank,
                 "shape": {"B": a.B, "T_per_rank": a.T, "H": a.H, "dk": a.D, "dv": a.D, "dtype": a.dtype,
                           "gate_scale": a.gate_scale}, "reps": a.reps, "systems": results,
@@ -269,6 +283,8 @@ def main() -> int:
     p.add_argument("--gpu-per-rank", action="store_true",
                    help="a multi-GPU host: rank r on GPU r (with --backend nccl, the default then)")
     p.add_argument("--backend", default=None, help="gloo (default: ranks sharing one GPU, or the CPU) or nccl")
+    p.add_argument("--layout", default="contiguous", choices=("contiguous", "zigzag"),
+                   help="the ranks' slices: contiguous, or FLA's zigzag (T per rank must be even)")
     a = p.parse_args()
     a.backend = a.backend or ("nccl" if a.gpu_per_rank else "gloo")
     if a.gpu_per_rank and (a.device == "cpu" or torch.cuda.device_count() < a.world):
@@ -277,6 +293,8 @@ def main() -> int:
         p.error("no CUDA device: run with --device cpu (the interpreter, tiny shapes)")
     if a.reps < 1 or a.world < 2:
         p.error("--reps must be at least 1 and --world at least 2")
+    if a.layout == "zigzag" and a.T % 2:
+        p.error("--layout zigzag needs an even --T (two parts per rank)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
