@@ -783,7 +783,7 @@ class _CPCall(torch.autograd.Function):
         ctx.o_like = (out.o.shape, out.o.dtype, out.o.device)
         # the route, where the backward's rerun of the state pass reads R from it (compiler/plan.py:
         # rerun_reads_route): the slice's final pass formed it from the true incoming state, as the rerun would
-        route = [out.route] if out.route is not None and getattr(sl.pkg.chunk, "ROUTE_FEEDS_RERUN", False) else []
+        route = [out.route] if out.route is not None and sl.pkg.chunk.ROUTE_FEEDS_RERUN else []
         ctx.n_route = len(route)
         ctx.save_for_backward(*tensors[:n_x], *route)
         ctx.set_materialize_grads(False)

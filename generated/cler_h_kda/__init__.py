@@ -40,9 +40,8 @@ INPUTS = ('q', 'k', 'v', 'g', 'beta')
 STATES = ('S',)
 ROUTE = "residual"
 _N_OUT = 1 + len(STATES) + (ROUTE != "none")  # the forward's outputs before the kept buffers: o, states, route
-# a training step saves its route output: the backward's rerun of the state pass reads R from it (compiler/plan.py:
-# rerun_reads_route); save_for_backward catches an in-place change to it before the backward
-ROUTE_FEEDS_RERUN = True
+# a training step saves its route output: the backward's rerun of the state pass reads R from it (chunk.ROUTE_FEEDS_RERUN;
+# compiler/plan.py: rerun_reads_route); save_for_backward catches an in-place change to it before the backward
 
 
 
@@ -164,7 +163,7 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library
     *tensors, cu_seqlens, scale, keep, keep_states = inputs
     kept = list(output[_N_OUT:])  # the per-token buffers the forward kept for the chunked backward
     ctx.mark_non_differentiable(*kept)
-    route = [output[_N_OUT - 1]] if keep and not keep_states else []  # ROUTE_FEEDS_RERUN
+    route = [output[_N_OUT - 1]] if keep and not keep_states else []  # chunk.ROUTE_FEEDS_RERUN
     ctx.save_for_backward(*tensors, *route, *kept)
     ctx.n_route = len(route)
     ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
@@ -216,7 +215,7 @@ class _Eager(torch.autograd.Function):
         # hooks are active (activation checkpointing, CPU offload): those must see every saved tensor, so there
         # they go through save_for_backward and stay held until the backward returns.
         ctx.kept = list(kept) if kept and not _saved_tensor_hooks() else None
-        route = [outs[_N_OUT - 1]] if keep and not keep_states else []  # ROUTE_FEEDS_RERUN
+        route = [outs[_N_OUT - 1]] if keep and not keep_states else []  # chunk.ROUTE_FEEDS_RERUN
         ctx.n_route = len(route)
         ctx.save_for_backward(*tensors, *route, *(kept if ctx.kept is None else ()))
         ctx.n_tensors, ctx.cu_seqlens, ctx.scale = len(tensors), cu_seqlens, scale
