@@ -18,6 +18,12 @@ find them:
   host then only loads (0.45 s of its compiles, 0.01 s of launcher builds), but each list waited ~6 s for its
   workers (22.9 s in all). Since then a worker imports its chunk module and Triton's compiler at start and builds
   launchers without initialising Triton's CUDA driver; not yet timed on a GPU, so the mode stays opt-in.
+- ``DGPS_PARALLEL_COMPILE=fork``: one forked child per kernel of the list, each compiling its kernel (and building
+  its launcher) for the host's target into the on-disk cache, as a worker does, while the host waits. A fork inherits
+  the host's interpreter with torch, Triton and the chunk module already imported, so nothing starts up (the
+  processes mode's cost) and no two compiles share a GIL (the threads mode's). A child never touches CUDA (its
+  tensors are CPU stand-ins); one that fails or outlives FORK_TIMEOUT_S is left to the launch, which then compiles
+  that kernel itself. Linux only (os.fork, a GPU driver naming the target); elsewhere the threads path runs.
 - ``DGPS_PARALLEL_COMPILE=0``: one by one, at each launch.
 """
 
@@ -41,10 +47,12 @@ WORKER_IDLE_S = 60.0  # a first training step's launch lists come within seconds
 
 
 def parallel_compile_mode() -> str:
-    """"off", "threads" or "processes" (DGPS_PARALLEL_COMPILE: 0, unset / threads, 1 / processes)."""
+    """"off", "threads", "fork" or "processes" (DGPS_PARALLEL_COMPILE: 0, unset / threads, fork, 1 / processes)."""
     value = os.environ.get("DGPS_PARALLEL_COMPILE", "threads").strip().lower()
     if value in ("0", "off"):
         return "off"
+    if value == "fork":
+        return "fork"
     return "threads" if value in ("", "threads") else "processes"
 
 
@@ -76,12 +84,17 @@ def compile_in_parallel(launches: Sequence[tuple[Any, tuple[int, ...], dict[str,
     if key in _WARMED:
         return False
     mode = parallel_compile_mode()
-    if mode == "processes":
+    if mode in ("processes", "fork"):
         jobs = [_job(kernel, grid, kwargs) for kernel, grid, kwargs in launches]
-        if all(j is not None for j in jobs):
+        ready = [j for j in jobs if j is not None]
+        if mode == "processes" and len(ready) == len(jobs):
             start_compile_workers(workers)
             _WARMED.add(key)
-            return _compile_in_workers([j for j in jobs if j is not None])
+            return _compile_in_workers(ready)
+        # a child must compile for a named target (without one it would take warmup's path, which touches CUDA)
+        if mode == "fork" and hasattr(os, "fork") and len(ready) == len(jobs) and all(j["target"] for j in ready):
+            _WARMED.add(key)
+            return _compile_in_forks(ready, workers)
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
@@ -172,6 +185,75 @@ def _compile_in_workers(jobs: list[dict]) -> bool:
     return ok
 
 
+FORK_TIMEOUT_S = 300.0  # a child still compiling then is killed; the launch compiles its kernel itself
+
+
+def _compile_in_forks(jobs: list[dict], workers: int | None = None) -> bool:
+    """Fork one child per share of `jobs` (one job each unless `workers` caps them), each running its jobs as a
+    worker does and exiting; wait for all. False if any child failed or timed out (the launches then compile what
+    is missing)."""
+    import time
+    import warnings
+
+    count = max(1, min(len(jobs), workers or len(jobs), os.cpu_count() or 1))
+    shares = [jobs[i::count] for i in range(count)]
+    children: list[int] = []
+    for share in shares:
+        with warnings.catch_warnings():  # Python 3.12 warns on fork in a threaded process; the child runs no
+            warnings.simplefilter("ignore", DeprecationWarning)  # thread's locks: only Triton's compiler
+            pid = os.fork()
+        if pid == 0:  # the child: compile, then leave without the host's exit handlers (torch's, CUDA's)
+            code = 0
+            try:
+                for job in share:
+                    code |= _run_job(job) != "ok"
+            except BaseException:  # noqa: BLE001 -- reported by the exit status
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+    ok = True
+    deadline = time.monotonic() + FORK_TIMEOUT_S
+    for pid in children:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                ok = ok and os.waitstatus_to_exitcode(status) == 0
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                ok = False
+                break
+            time.sleep(0.005)
+    return ok
+
+
+def _run_job(job: dict) -> str:
+    """Compile one job's kernel and build its launcher, both into the on-disk cache: "ok", or "error ..." with
+    what failed (the host compiles that kernel itself at its launch)."""
+    import torch
+
+    try:
+        kernel = getattr(_import_file(job["module"], job["file"]), job["kernel"])
+        if job.get("target") and hasattr(kernel, "_pack_args"):
+            # host tensors stand in as CPU tensors of the same dtype and alignment: the worker never creates a
+            # CUDA context (run 47: with eight of them, on one GPU, the first call was slower than serial)
+            kwargs = {n: _argument(v, "cpu") for n, v in job["kwargs"].items()}
+            compiled = _compile_for(kernel, kwargs, job["target"])
+            _build_launcher(compiled, job["target"])
+        else:
+            kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
+            device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)
+            compiled = kernel.warmup(grid=tuple(job["grid"]), **kwargs)
+            _build_launcher(compiled)  # the kernel and its launcher, both into the shared on-disk cache
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
+        return f"error {type(exc).__name__}: {exc}".replace("\n", " ")
+
+
 def _import_file(name: str, path: str) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
@@ -239,7 +321,7 @@ def _lines(fd: int, idle_s: float) -> Iterator[str]:
 def _worker() -> int:
     """A compile worker: one JSON job per line on stdin, "ok" or "error ..." per job on stdout. It exits when the host
     does, or after WORKER_IDLE_S without a job (a later launch list of the host starts workers again)."""
-    import torch
+    import torch  # noqa: F401 -- loaded before the first job arrives
 
     if len(sys.argv) == 3:  # the chunk module that started the workers, and Triton's compiler, before the first job
         try:
@@ -249,24 +331,10 @@ def _worker() -> int:
             pass
     for line in _lines(sys.stdin.fileno(), WORKER_IDLE_S):
         try:
-            job = json.loads(line)
-            kernel = getattr(_import_file(job["module"], job["file"]), job["kernel"])
-            if job.get("target") and hasattr(kernel, "_pack_args"):
-                # host tensors stand in as CPU tensors of the same dtype and alignment: the worker never creates a
-                # CUDA context (run 47: with eight of them, on one GPU, the first call was slower than serial)
-                kwargs = {n: _argument(v, "cpu") for n, v in job["kwargs"].items()}
-                compiled = _compile_for(kernel, kwargs, job["target"])
-                _build_launcher(compiled, job["target"])
-            else:
-                kwargs = {n: _argument(v) for n, v in job["kwargs"].items()}
-                device = next((t.device for t in kwargs.values() if isinstance(t, torch.Tensor)), None)
-                if device is not None and device.type == "cuda":
-                    torch.cuda.set_device(device)
-                compiled = kernel.warmup(grid=tuple(job["grid"]), **kwargs)
-                _build_launcher(compiled)  # the kernel and its launcher, both into the shared on-disk cache
-            print("ok", flush=True)
-        except Exception as exc:  # noqa: BLE001 -- the host compiles this kernel itself at its launch
-            print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+            answer = _run_job(json.loads(line))
+        except Exception as exc:  # noqa: BLE001 -- a line that is not a job
+            answer = f"error {type(exc).__name__}: {exc}".replace("\n", " ")
+        print(answer, flush=True)
     return 0
 
 

@@ -63,14 +63,16 @@ def test_threads_mode_builds_every_kernels_launcher(monkeypatch: pytest.MonkeyPa
     assert sorted(built) == [("src a", "meta a"), ("src b", "meta b")]
 
 
-@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("0", False), ("off", False), ("", True), ("1", True),
-                                                ("threads", True)])
-def test_threads_by_default(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool) -> None:
+@pytest.mark.parametrize(("value", "mode"), [(None, "threads"), ("0", "off"), ("off", "off"), ("", "threads"),
+                                             ("1", "processes"), ("threads", "threads"), ("fork", "fork"),
+                                             ("processes", "processes")])
+def test_threads_by_default(monkeypatch: pytest.MonkeyPatch, value: str | None, mode: str) -> None:
     if value is None:
         monkeypatch.delenv("DGPS_PARALLEL_COMPILE", raising=False)
     else:
         monkeypatch.setenv("DGPS_PARALLEL_COMPILE", value)
-    assert warmup.parallel_compile_enabled() is enabled
+    assert warmup.parallel_compile_mode() == mode
+    assert warmup.parallel_compile_enabled() is (mode != "off")
 
 
 _FAKE_KERNEL_MODULE = '''
@@ -180,18 +182,24 @@ if sys.argv[2] == "workers":
     for w in warmup._WORKERS:
         w.stdin.close()
         w.wait(timeout=120)
+elif sys.argv[2] == "forks":
+    os.environ["DGPS_PARALLEL_COMPILE"] = "fork"
+    kw2 = dict(kw, BLOCK=64)  # a second kernel of the list: two children
+    assert warmup.compile_in_parallel([(mod.scale_kernel, (2,), kw), (mod.scale_kernel, (4,), kw2)],
+                                      ("fork_then_host",))
+    mod.scale_kernel.warmup(grid=(4,), **kw2)
 before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
 mod.scale_kernel.warmup(grid=(2,), **kw)
 print(json.dumps({"by_workers": len(before), "by_host": len(set(os.listdir(cache)) - before)}))
 '''
 
 
-@pytest.mark.parametrize("first", ["workers", "host"])
+@pytest.mark.parametrize("first", ["workers", "forks", "host"])
 def test_a_workers_kernel_is_the_one_the_hosts_launch_loads(tmp_path, first: str) -> None:
-    """A compile worker holds no CUDA context: it binds and packs the arguments as JITFunction.run does and compiles
-    for the host's target, so the host's own launch path computes the same on-disk cache key and loads the worker's
-    kernel instead of compiling (no new cache entry). Run without a GPU: a stand-in driver lets the host's path compile
-    for sm_90; with no worker first, that path compiles the kernel itself (the check can fail)."""
+    """A compile worker (or forked child) holds no CUDA context: it binds and packs the arguments as JITFunction.run
+    does and compiles for the host's target, so the host's own launch path computes the same on-disk cache key and
+    loads the worker's kernel instead of compiling (no new cache entry). Run without a GPU: a stand-in driver lets the
+    host's path compile for sm_90; with no worker first, that path compiles the kernel itself (the check can fail)."""
     import json
     import os
     import subprocess
@@ -210,6 +218,8 @@ def test_a_workers_kernel_is_the_one_the_hosts_launch_loads(tmp_path, first: str
     counts = json.loads(out.stdout.strip().splitlines()[-1])
     if first == "workers":  # the kernel, and its launcher where this machine can link one
         assert counts["by_workers"] >= 1 and counts["by_host"] == 0
+    elif first == "forks":  # both kernels of the list, each by its own child
+        assert counts["by_workers"] >= 2 and counts["by_host"] == 0
     else:
         assert counts == {"by_workers": 0, "by_host": 1}
 
@@ -234,3 +244,27 @@ def test_workers_import_the_starting_module_before_their_first_job(tmp_path, mon
         for w in warmup._WORKERS:
             w.stdin.close()
             w.wait(timeout=60)
+
+
+def test_a_failing_fork_leaves_its_kernel_to_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child whose job fails (or that outlives FORK_TIMEOUT_S) makes the list report False: the launches then compile
+    what is missing themselves; the children of the others still ran."""
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("os.fork: Linux and macOS only")
+    answers = {"good": "ok", "bad": "error RuntimeError: ptxas failed", "slow": None}
+
+    def fake_run_job(job: dict) -> str:
+        if answers[job["kernel"]] is None:
+            import time
+
+            time.sleep(60)
+        return answers[job["kernel"]]
+
+    monkeypatch.setattr(warmup, "_run_job", fake_run_job)
+    job = {"module": "m", "file": "f", "grid": [1], "kwargs": {}, "target": ["cuda", 90, 32]}
+    assert warmup._compile_in_forks([dict(job, kernel="good"), dict(job, kernel="good")])
+    assert not warmup._compile_in_forks([dict(job, kernel="good"), dict(job, kernel="bad")])
+    monkeypatch.setattr(warmup, "FORK_TIMEOUT_S", 2.0)
+    assert not warmup._compile_in_forks([dict(job, kernel="slow")])
