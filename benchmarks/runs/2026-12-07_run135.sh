@@ -13,8 +13,8 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 cold() {
   timeout 240 python3 benchmarks/bench_fla.py --systems --no-fla --cold-start --cold-start-rounds 2 \
       --cold-start-modes threads fork --json $OUT/run135_cold.json 2>&1 | grep -v -i warn | tail -8
-  # what dgps's own import costs on this host (fresh bytecode for the working tree, as in the cold start)
-  PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/dgps_device/pyc" python3 -X importtime -c "import torch; import dgps.runtime.compile" \
+  # what dgps's own import costs on this host (the cold starts above wrote its bytecode)
+  python3 -X importtime -c "import torch; import dgps.runtime.compile" \
       2>&1 | sort -t'|' -k2 -n | tail -14
 }
 tables() { bash benchmarks/runs/2026-12-07_run134.sh tables; }
