@@ -382,3 +382,49 @@ def test_backward_buffers_are_the_backward_plans_outputs(name: str, launch_list:
     assert sorted(n for n in make if n.startswith("dx_")) == sorted(f"dx_{n}" for n in mod._INPUTS)  # kernel inputs
     idle = sorted(set(make) - seen["used"])
     assert not idle, f"{name}: in the backward's table, named by no launched kernel: {idle}"
+
+
+@pytest.mark.parametrize("name", [s for s in CHUNK if supports_chunk_backward(dgps.load(SPEC_DIR / f"{s}.dgps").ir)[0]])
+def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold first backward hands the rerun's launch list and every segment's to one `warm` (one parallel compile,
+    runtime/warmup.py) before launching any: each list launched afterwards is one that call built, with the
+    constants it launches with. Without that, each of gdn's six one-kernel lists compiled in turn (run 132's 7.5 s
+    backward). Under CP (hooks) nothing is warmed ahead."""
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    out, kept = mod.chunk_forward_train(x)
+    do = torch.randn_like(out.o)
+    monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "threads")
+    mod._LAUNCH_LISTS.clear()
+    events: list[tuple[str, list]] = []
+    warm = mod._Run.warm
+
+    def record_warm(self, lists, stand_ins=None):  # noqa: ANN001, ANN202
+        # a later segment's buffer is a stand-in of its dtype: no allocation of its size before its segment
+        assert all(t.numel() == 16 for t in (stand_ins or {}).values())
+        events.append(("warm", [self._list_key(k) for k in lists]))
+        return warm(self, lists, stand_ins)
+
+    def record_launch(self, kernels):  # noqa: ANN001, ANN202
+        events.append(("launch", [self._list_key(kernels)]))
+        assert self._list_key(kernels) in mod._LAUNCH_LISTS  # built by the warm, not here
+        key = self._list_key(kernels)
+        want = self._launch_list(kernels)
+        assert [(k, g, c) for k, g, c, _ in mod._LAUNCH_LISTS[key]] == [(k, g, c) for k, g, c, _ in want]
+
+    monkeypatch.setattr(mod._Run, "warm", record_warm)
+    monkeypatch.setattr(mod._Run, "launch", record_launch)
+    mod.chunk_backward(x, do=do, kept=kept)
+    kinds = [e[0] for e in events]
+    assert kinds[0] == "warm" and "warm" not in kinds[1:] and kinds.count("launch") >= 2
+    warmed = set(events[0][1])
+    assert all(e[1][0] in warmed for e in events[1:])
+    # DGPS_PARALLEL_COMPILE=0: each list is built at its launch (no warm ahead)
+    monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "0")
+    mod._LAUNCH_LISTS.clear()
+    events.clear()
+    monkeypatch.setattr(mod._Run, "launch", lambda self, kernels: events.append(("launch", [])) or
+                        warm(self, [kernels]))
+    mod.chunk_backward(x, do=do, kept=mod.chunk_forward_train(x)[1])
+    assert [e[0] for e in events if e[0] == "warm"] == []

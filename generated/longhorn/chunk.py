@@ -1503,22 +1503,43 @@ class _Run:
         # its tensors. The key names this module: runtime/launcher.py keeps the compiled kernels of every package.
         # Every kernel takes only the operands it reads or writes (_KERNEL_ARGS, derived from its body when the
         # module was generated): Triton's launch cost grows with the argument count.
-        key = (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
-               self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg,
-               self.nkc, self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
-               os.environ.get("DGPS_TUNED", "") != "0")
-        tensors = {"p_" + n: self.x[n] for n in _INPUTS}
-        tensors.update(self.bufs)
-        tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
+        key = self._list_key(kernels)
         launches = _LAUNCH_LISTS.get(key)
         if launches is None:
+            self.warm([kernels])
+            launches = _LAUNCH_LISTS[key]
+        launch_all(launches, self._tensors(), key, self.interpret)
+
+    def warm(self, lists, stand_ins=None):
+        """Build the launch lists of `lists` (each a kernel list) not yet built, and on a cold first call compile
+        their kernels all at once (runtime/warmup.py), so that each list then launches what is already compiled.
+        `stand_ins`: tensors for buffers not yet allocated (a compile sees only their dtype and alignment)."""
+        tensors = dict(stand_ins or {})
+        tensors.update(self._tensors())
+        jobs, keys = [], []
+        for kernels in lists:
+            key = self._list_key(kernels)
+            if key in _LAUNCH_LISTS:
+                continue
             if len(_LAUNCH_LISTS) > 256:
                 _LAUNCH_LISTS.clear()
             launches = _LAUNCH_LISTS[key] = self._launch_list(kernels)
-            if not self.interpret and parallel_compile_enabled():
-                # a cold first call: compile the whole launch list at once (runtime/warmup.py)
-                compile_in_parallel([(k, g, dict(c, **{n: tensors[n] for n in t})) for k, g, c, t in launches], key)
-        launch_all(launches, tensors, key, self.interpret)
+            jobs += [(k, g, dict(c, **{n: tensors[n] for n in t})) for k, g, c, t in launches]
+            keys.append(key)
+        if jobs and not self.interpret and parallel_compile_enabled():
+            compile_in_parallel(jobs, tuple(keys))
+
+    def _list_key(self, kernels):
+        return (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
+                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp,
+                self.nkg, self.nkc, self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
+                os.environ.get("DGPS_TUNED", "") != "0")
+
+    def _tensors(self):
+        tensors = {"p_" + n: self.x[n] for n in _INPUTS}
+        tensors.update(self.bufs)
+        tensors.update(cu_seqlens=self.cu, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets)
+        return tensors
 
     def _launch_list(self, kernels):
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
@@ -1892,13 +1913,7 @@ def _launch_backward(run, kernels, make, results, alloc, hooks=None):
     recomputed ones (H_n, U, the decayed keys), as soon as it is dead. Kernels between two allocations that follow a
     free launch as one list (one host call)."""
     bufs = run.bufs
-    key = (tuple(k[0] for k in kernels), tuple(make), tuple(results), tuple(bufs))
-    schedule = _SCHEDULES.get(key)
-    if schedule is None:
-        if len(_SCHEDULES) > 256:
-            _SCHEDULES.clear()
-        schedule = _SCHEDULES[key] = _backward_schedule(kernels, make, results, bufs)
-    drop, segments = schedule
+    drop, segments = _schedule(run, kernels, make, results)
     for n in drop:
         del bufs[n]
     # CP (chunk_backward_cp): a hook is a segment of its own; it names the pass tags whose stages are skipped
@@ -1917,6 +1932,30 @@ def _launch_backward(run, kernels, make, results, alloc, hooks=None):
 
 
 _SCHEDULES = {}
+
+
+def _schedule(run, kernels, make, results):
+    key = (tuple(k[0] for k in kernels), tuple(make), tuple(results), tuple(run.bufs))
+    schedule = _SCHEDULES.get(key)
+    if schedule is None:
+        if len(_SCHEDULES) > 256:
+            _SCHEDULES.clear()
+        schedule = _SCHEDULES[key] = _backward_schedule(kernels, make, results, run.bufs)
+    return schedule
+
+
+def _warm_backward(run, kernels, make, results, hooks):
+    """Before a backward's first launch: the rerun's list and every segment's (_launch_backward launches each as
+    one host call) compiled at once rather than one list after another, the buffers a later segment allocates
+    standing in as a few elements of their dtype (the interpreter only builds the lists). Under CP the hooks decide
+    which stages run: no warming."""
+    if hooks or not parallel_compile_enabled():
+        return
+    lists = [run.kernels] if run.kernels else []
+    lists += [[k[:3] for k in segment] for _, segment, _ in _schedule(run, kernels, make, results)[1]
+              if segment[0][2] != "hook"]
+    stand_ins = {n: torch.empty(16, dtype=dtype, device=run.device) for n, (_, dtype) in make.items()}
+    run.warm(lists, stand_ins)
 
 
 def _backward_schedule(kernels, make, results, present):
@@ -2003,9 +2042,9 @@ def chunk_backward(inputs, *, initial_state=None, do, d_final_state=None, d_rout
 def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, scale, kept, kernels, hooks, route=None):
     # what the forward kept is reused; the rest of the forward plan (all of it, when nothing was kept) is rerun
     given = None
-    out, run = _forward(inputs, initial_state, False, cu_seqlens, scale, keep=True,
-                        kernels=_rerun_kernels(kept is not None, _states_kept(kept), given is not None), kept=kept,
-                        route_given=given)
+    run = _prepare(inputs, initial_state, False, cu_seqlens, scale, keep=True,
+                   kernels=_rerun_kernels(kept is not None, _states_kept(kept), given is not None), kept=kept,
+                   per_call=True, route_given=given)
     if isinstance(kept, list):
         kept.clear()  # the run's buffers hold them now: each goes after its last reader (_launch_backward)
     x, bufs, dims = run.x, run.bufs, run.dims
@@ -2067,6 +2106,9 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
     # what the host reads after the last kernel: the gradients and the initial states' adjoints
     results = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
+    _warm_backward(run, kernels, make, results, hooks)
+    if run.kernels:  # the rerun of the forward plan (what the forward did not keep)
+        run.launch(run.kernels)
     _launch_backward(run, kernels, make, results, buf, hooks)
 
     grads = {}
