@@ -428,3 +428,34 @@ def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monke
                         warm(self, [kernels]))
     mod.chunk_backward(x, do=do, kept=mod.chunk_forward_train(x)[1])
     assert [e[0] for e in events if e[0] == "warm"] == []
+
+
+@pytest.mark.parametrize("keep_states", [False, True])
+@pytest.mark.parametrize("name", [s for s in CHUNK if supports_chunk_backward(dgps.load(SPEC_DIR / f"{s}.dgps").ir)[0]])
+def test_a_cold_training_forward_compiles_its_backward_too(name: str, keep_states: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step's first forward hands its own launch list, the backward's rerun and every backward segment to
+    one parallel compile (_warm_step): the backward that follows, called as the package calls it, builds no list of
+    its own and launches only lists that compile covered."""
+    rec = dgps.load(SPEC_DIR / f"{name}.dgps")
+    mod = load_chunk(rec.ir)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "threads")
+    mod._LAUNCH_LISTS.clear()
+    compiled: list[list] = []
+    at_once = mod._compile_at_once
+
+    def record_compile(parts, interpret):  # noqa: ANN001, ANN202
+        compiled.append([k for _, ks in parts for k in ks])
+        return at_once(parts, interpret)
+
+    launched: list = []
+    monkeypatch.setattr(mod, "_compile_at_once", record_compile)
+    monkeypatch.setattr(mod._Run, "launch", lambda self, kernels: launched.append(self._list_key(kernels)))
+    out, kept = mod.chunk_forward_train(x, keep_states=keep_states)
+    assert len(compiled) == 1 and launched == [compiled[0][0]]  # the forward's own list first, then the backward's
+    do = torch.randn(*x["v"].shape[:3], 16)
+    route = out.route if mod.ROUTE_FEEDS_RERUN and not keep_states else None
+    mod.chunk_backward(x, do=do, kept=kept or None, route=route)
+    assert all(keys == [] for keys in compiled[1:])  # the backward's warm found every list built
+    assert len(launched) >= 2 and set(launched) <= set(compiled[0])

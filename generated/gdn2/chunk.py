@@ -1387,6 +1387,10 @@ class _Run:
         """Build the launch lists of `lists` (each a kernel list) not yet built, and on a cold first call compile
         their kernels all at once (runtime/warmup.py), so that each list then launches what is already compiled.
         `stand_ins`: tensors for buffers not yet allocated (a compile sees only their dtype and alignment)."""
+        _compile_at_once([self.jobs(lists, stand_ins)], self.interpret)
+
+    def jobs(self, lists, stand_ins=None):
+        """(compile jobs, launch-list keys) of the lists of `lists` not yet built, which are built here."""
         tensors = dict(stand_ins or {})
         tensors.update(self._tensors())
         jobs, keys = [], []
@@ -1399,8 +1403,7 @@ class _Run:
             launches = _LAUNCH_LISTS[key] = self._launch_list(kernels)
             jobs += [(k, g, dict(c, **{n: tensors[n] for n in t})) for k, g, c, t in launches]
             keys.append(key)
-        if jobs and not self.interpret and parallel_compile_enabled():
-            compile_in_parallel(jobs, tuple(keys))
+        return jobs, keys
 
     def _list_key(self, kernels):
         return (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
@@ -1461,6 +1464,13 @@ class _Run:
 _LAUNCH_LISTS = {}
 
 
+def _compile_at_once(parts, interpret):
+    """Compile the jobs of every (jobs, keys) of `parts` in one parallel compile (the interpreter compiles nothing)."""
+    jobs = [j for js, _ in parts for j in js]
+    if jobs and not interpret and parallel_compile_enabled():
+        compile_in_parallel(jobs, tuple(k for _, ks in parts for k in ks))
+
+
 def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
     """name -> (numel, dtype) of the per-token buffers the forward stages write: the plan's stored operands
     (codegen/buffers.py), each sized by its shape and of its dtype; `keep`: also those only the backward reads back.
@@ -1506,9 +1516,12 @@ def chunk_forward_train(inputs, *, initial_state=None, cu_seqlens=None, scale=No
     keep_states (FLA's disable_recompute): keep the state pass's H_n and U as well (768 B more per
     token and value head at dk = dv = 128, bf16), so that the backward runs no state pass again."""
     kernels = _kernels()
-    out, run = _forward(inputs, initial_state, True, cu_seqlens, scale, keep=True, kernels=kernels,
-                        keep_states=keep_states)
-    return out, [run.bufs[n] for n in _KEPT_BUFFERS + (_KEPT_STATES if keep_states else [])]
+    run = _prepare(inputs, initial_state, True, cu_seqlens, scale, keep=True, kernels=kernels, per_call=True,
+                   keep_states=keep_states)
+    if run._list_key(run.kernels) not in _LAUNCH_LISTS and parallel_compile_enabled():
+        _warm_step(run, keep_states)
+    run.launch(run.kernels)
+    return _result(run), [run.bufs[n] for n in _KEPT_BUFFERS + (_KEPT_STATES if keep_states else [])]
 
 
 _TAKES = {}
@@ -1821,18 +1834,85 @@ def _schedule(run, kernels, make, results):
     return schedule
 
 
-def _warm_backward(run, kernels, make, results, hooks):
-    """Before a backward's first launch: the rerun's list and every segment's (_launch_backward launches each as
-    one host call) compiled at once rather than one list after another, the buffers a later segment allocates
-    standing in as a few elements of their dtype (the interpreter only builds the lists). Under CP the hooks decide
-    which stages run: no warming."""
+# what the host reads after a backward's last kernel: the gradients and the initial states' adjoints
+_RESULTS = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
+
+
+def _backward_make(run):
+    """The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
+    (codegen/buffers.py: backward_buffers), and each input's trailing gradient shape. _launch_backward allocates
+    each buffer right before the first kernel that names it and drops it after the last one, so that a phase's
+    buffers take what the earlier phases freed (dU_local is dead after the reverse state pass; H_n, dH, dU and the
+    pair shares after bwd_grads). Partial sums hold one row of tokens per block of key channels (run.nkg, run.nkc,
+    run.nkp; codegen/address.py: partial_row)."""
+    x, H, HV, DK, DV, NT, TT, N, dt = run.x, run.H, run.HV, run.DK, run.DV, run.NT, run.TT, run.N, run.dt
+    fp32 = torch.float32
+    make = {}
+    make["dul_buf"] = (TT * HV * DV, fp32)  # bwd_local_values.dUl
+    make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
+    make["du_buf"] = (TT * HV * DV, dt)  # bwd_state_pass.dU
+    make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
+    make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
+    make["dsl_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dL
+    make["dy_buf"] = (TT * HV * DV, dt)  # bwd_scores.dY
+    make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
+    make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
+    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
+    make["pe_buf"] = (TT * HV * DK, fp32)  # bwd_intra.de_pair
+    lasts = {}
+    for n in _INPUTS:
+        d = SPEC.input(n)
+        last = {"key": (DK,), "value": (DV,)}.get(d.vector, ())
+        lasts[n] = last
+        rows = NT if d.is_param else TT
+        # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
+        direct = not d.is_param and (d.heads != "key" or H == HV)
+        make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
+    return make, lasts
+
+
+def _gradient_stand_ins(run):
+    """Stand-ins (dtype, alignment) for what _backward sets in the run's buffers before launching: dO, the route's
+    adjoint and the final states' adjoints."""
+    dt, f32 = dict(dtype=run.dt, device=run.device), dict(dtype=torch.float32, device=run.device)
+    given = {"do_buf": torch.empty(16, **dt), "ds_fin": torch.empty(16, **f32)}
+    return given
+
+
+def _warm_step(run, keep_states):
+    """A cold first training forward: the backward's kernels (the rerun's list and every segment's, as _backward
+    will launch them after this forward) compile together with the forward's, one wait instead of two. The rerun's
+    run is this one with the rerun's kernels and flags and no buffers of its own (a compile sees dtypes and
+    alignments only)."""
+    kept = bool(_KEPT_BUFFERS) or keep_states  # the package passes an empty list on as None
+    given = False
+    kernels = _rerun_kernels(kept, keep_states, given)
+    rerun = _Run(**dict(run.__dict__, kernels=kernels, store_final=False, route=None, o=None, r_given=given,
+                        bufs=dict(run.bufs, **_gradient_stand_ins(run))))
+    make, _ = _backward_make(rerun)
+    lists = ([kernels] if kernels else []) + _segment_lists(rerun, _bwd_kernels(), make)
+    _compile_at_once([run.jobs([run.kernels]), rerun.jobs(lists, _stand_ins(make, run.device))], run.interpret)
+
+
+def _segment_lists(run, kernels, make):
+    """The kernel lists _launch_backward launches one host call each (the CP hooks' segments aside)."""
+    return [[k[:3] for k in segment] for _, segment, _ in _schedule(run, kernels, make, _RESULTS)[1]
+            if segment[0][2] != "hook"]
+
+
+def _warm_backward(run, kernels, make, hooks):
+    """Before a backward's first launch: the rerun's list and every segment's compiled at once rather than one
+    list after another, the buffers a later segment allocates standing in as a few elements of their dtype (the
+    interpreter only builds the lists). A training forward has usually done this already (_warm_step). Under CP the
+    hooks decide which stages run: no warming."""
     if hooks or not parallel_compile_enabled():
         return
-    lists = [run.kernels] if run.kernels else []
-    lists += [[k[:3] for k in segment] for _, segment, _ in _schedule(run, kernels, make, results)[1]
-              if segment[0][2] != "hook"]
-    stand_ins = {n: torch.empty(16, dtype=dtype, device=run.device) for n, (_, dtype) in make.items()}
-    run.warm(lists, stand_ins)
+    lists = ([run.kernels] if run.kernels else []) + _segment_lists(run, kernels, make)
+    run.warm(lists, _stand_ins(make, run.device))
+
+
+def _stand_ins(make, device):
+    return {n: torch.empty(16, dtype=dtype, device=device) for n, (_, dtype) in make.items()}
 
 
 def _backward_schedule(kernels, make, results, present):
@@ -1957,39 +2037,11 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
     bufs["ds_fin"] = fin("S")
-    # The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
-    # (codegen/buffers.py: backward_buffers): _launch_backward allocates each right before the first kernel that
-    # names it and drops it after the last one, so that a phase's buffers take what the earlier phases freed
-    # (dU_local is dead after the reverse state pass; H_n, dH, dU and the pair shares after bwd_grads). Partial sums
-    # hold one row of tokens per block of key channels (run.nkg, run.nkc, run.nkp; codegen/address.py: partial_row).
-    fp32 = torch.float32
-    make = {}
-    make["dul_buf"] = (TT * HV * DV, fp32)  # bwd_local_values.dUl
-    make["dh_buf"] = (NT * HV * DK * DV, dt)  # bwd_state_pass.dHn1
-    make["du_buf"] = (TT * HV * DV, dt)  # bwd_state_pass.dU
-    make["ds0"] = (N * HV * DK * DV, fp32)  # bwd_state_pass.dS0
-    make["dsq_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dSqa
-    make["dsl_buf"] = (TT * HV * BT, fp32)  # bwd_scores.dL
-    make["dy_buf"] = (TT * HV * DV, dt)  # bwd_scores.dY
-    make["pq_buf"] = (TT * HV * DK, fp32)  # bwd_intra.dq_pair
-    make["pa_buf"] = (TT * HV * DK, fp32)  # bwd_intra.da_pair
-    make["ag_buf"] = (TT * HV * DK, fp32)  # bwd_intra.db_pair
-    make["pe_buf"] = (TT * HV * DK, fp32)  # bwd_intra.de_pair
-    lasts = {}
-    for n in _INPUTS:
-        d = SPEC.input(n)
-        last = {"key": (DK,), "value": (DV,)}.get(d.vector, ())
-        lasts[n] = last
-        rows = NT if d.is_param else TT
-        # written once per element and not summed afterwards: straight in the input dtype (no conversion pass)
-        direct = not d.is_param and (d.heads != "key" or H == HV)
-        make["dx_" + n] = (rows * HV * (last[0] if last else 1), x[n].dtype if direct else fp32)
-    # what the host reads after the last kernel: the gradients and the initial states' adjoints
-    results = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
-    _warm_backward(run, kernels, make, results, hooks)
+    make, lasts = _backward_make(run)
+    _warm_backward(run, kernels, make, hooks)
     if run.kernels:  # the rerun of the forward plan (what the forward did not keep)
         run.launch(run.kernels)
-    _launch_backward(run, kernels, make, results, buf, hooks)
+    _launch_backward(run, kernels, make, _RESULTS, buf, hooks)
 
     grads = {}
     for n in _INPUTS:
