@@ -392,7 +392,8 @@ def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monke
     backward). Under CP (hooks) nothing is warmed ahead."""
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
-    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    # bf16: a placeholder the run holds (fp32) differs from the buffer its segment allocates (the input dtype)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.bfloat16, seed=0)
     out, kept = mod.chunk_forward_train(x)
     do = torch.randn_like(out.o)
     monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "threads")
@@ -400,11 +401,14 @@ def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monke
     events: list[tuple[str, list]] = []
     warm = mod._Run.warm
 
+    jobs: set[tuple] = set()
+
     def record_warm(self, lists, stand_ins=None):  # noqa: ANN001, ANN202
         # a later segment's buffer is a stand-in of its dtype: no allocation of its size before its segment
         assert all(t.numel() == 16 for t in (stand_ins or {}).values())
         events.append(("warm", [self._list_key(k) for k in lists]))
-        return warm(self, lists, stand_ins)
+        built, _ = self.jobs(lists, stand_ins)
+        jobs.update(_specialisation(*job) for job in built)
 
     def record_launch(self, kernels):  # noqa: ANN001, ANN202
         events.append(("launch", [self._list_key(kernels)]))
@@ -412,6 +416,7 @@ def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monke
         key = self._list_key(kernels)
         want = self._launch_list(kernels)
         assert [(k, g, c) for k, g, c, _ in mod._LAUNCH_LISTS[key]] == [(k, g, c) for k, g, c, _ in want]
+        assert set(_launched_specialisations(mod, self, kernels)) <= jobs  # compiled ahead as launched
 
     monkeypatch.setattr(mod._Run, "warm", record_warm)
     monkeypatch.setattr(mod._Run, "launch", record_launch)
@@ -430,6 +435,19 @@ def test_a_backward_warms_all_its_lists_before_its_first_launch(name: str, monke
     assert [e[0] for e in events if e[0] == "warm"] == []
 
 
+def _specialisation(kernel, grid, kwargs: dict) -> tuple:  # noqa: ANN001
+    """What Triton compiles a launch for: the kernel, its constants, each tensor's dtype and 16-byte alignment."""
+    return (kernel.__name__, tuple(grid), tuple(sorted(
+        (n, (str(v.dtype), v.data_ptr() % 16 == 0) if isinstance(v, torch.Tensor) else v) for n, v in kwargs.items())))
+
+
+def _launched_specialisations(mod, run, kernels) -> list[tuple]:  # noqa: ANN001
+    """The specialisations of a list's launches with the tensors `run` holds at that launch."""
+    tensors = run._tensors()
+    return [_specialisation(k, g, dict(c, **{n: tensors[n] for n in t}))
+            for k, g, c, t in mod._LAUNCH_LISTS[run._list_key(kernels)]]
+
+
 @pytest.mark.parametrize("keep_states", [False, True])
 @pytest.mark.parametrize("name", [s for s in CHUNK if supports_chunk_backward(dgps.load(SPEC_DIR / f"{s}.dgps").ir)[0]])
 def test_a_cold_training_forward_compiles_its_backward_too(name: str, keep_states: bool,
@@ -439,22 +457,32 @@ def test_a_cold_training_forward_compiles_its_backward_too(name: str, keep_state
     its own and launches only lists that compile covered."""
     rec = dgps.load(SPEC_DIR / f"{name}.dgps")
     mod = load_chunk(rec.ir)
-    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.float32, seed=0)
+    # bf16: a placeholder the run holds (fp32) differs from the buffer its segment allocates (the input dtype)
+    x = rec.random_inputs(B=1, T=130, H=2, dk=16, dv=16, HV=2, dtype=torch.bfloat16, seed=0)
     monkeypatch.setenv("DGPS_PARALLEL_COMPILE", "threads")
     mod._LAUNCH_LISTS.clear()
     compiled: list[list] = []
+    jobs: set[tuple] = set()
     at_once = mod._compile_at_once
 
     def record_compile(parts, interpret):  # noqa: ANN001, ANN202
         compiled.append([k for _, ks in parts for k in ks])
+        jobs.update(_specialisation(*job) for js, _ in parts for job in js)
         return at_once(parts, interpret)
 
     launched: list = []
+
+    def record_launch(self, kernels):  # noqa: ANN001, ANN202
+        launched.append(self._list_key(kernels))
+        # compiled ahead exactly as launched: a stand-in of another dtype than the buffer its segment allocates
+        # would compile a kernel no launch uses, and leave the launch to compile its own
+        assert set(_launched_specialisations(mod, self, kernels)) <= jobs
+
     monkeypatch.setattr(mod, "_compile_at_once", record_compile)
-    monkeypatch.setattr(mod._Run, "launch", lambda self, kernels: launched.append(self._list_key(kernels)))
+    monkeypatch.setattr(mod._Run, "launch", record_launch)
     out, kept = mod.chunk_forward_train(x, keep_states=keep_states)
     assert len(compiled) == 1 and launched == [compiled[0][0]]  # the forward's own list first, then the backward's
-    do = torch.randn(*x["v"].shape[:3], 16)
+    do = torch.randn(*x["v"].shape[:3], 16, dtype=torch.bfloat16)
     route = out.route if mod.ROUTE_FEEDS_RERUN and not keep_states else None
     mod.chunk_backward(x, do=do, kept=kept or None, route=route)
     assert all(keys == [] for keys in compiled[1:])  # the backward's warm found every list built

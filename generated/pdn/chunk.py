@@ -1443,9 +1443,10 @@ class _Run:
         _compile_at_once([self.jobs(lists, stand_ins)], self.interpret)
 
     def jobs(self, lists, stand_ins=None):
-        """(compile jobs, launch-list keys) of the lists of `lists` not yet built, which are built here."""
-        tensors = dict(stand_ins or {})
-        tensors.update(self._tensors())
+        """(compile jobs, launch-list keys) of the lists of `lists` not yet built, which are built here. A stand-in
+        replaces what the run holds under its name: a one-element placeholder until its segment allocates it."""
+        tensors = self._tensors()
+        tensors.update(stand_ins or {})
         jobs, keys = [], []
         for kernels in lists:
             key = self._list_key(kernels)
