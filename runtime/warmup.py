@@ -197,6 +197,7 @@ def _compile_in_forks(jobs: list[dict], workers: int | None = None) -> bool:
 
     count = max(1, min(len(jobs), workers or len(jobs), os.cpu_count() or 1))
     shares = [jobs[i::count] for i in range(count)]
+    _prime_keys(jobs)
     children: list[int] = []
     for share in shares:
         with warnings.catch_warnings():  # Python 3.12 warns on fork in a threaded process; the child runs no
@@ -227,6 +228,22 @@ def _compile_in_forks(jobs: list[dict], workers: int | None = None) -> bool:
                 break
             time.sleep(0.005)
     return ok
+
+
+def _prime_keys(jobs: list[dict]) -> None:
+    """Compute here, once, what every child would otherwise compute first: Triton's own key (a hash over its
+    installed files: 0.5 s on a CPU here, cached per process), the backend's, and each kernel's source key."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+        make_backend(GPUTarget(*jobs[0]["target"])).hash()
+        for job in jobs:
+            _ = getattr(_import_file(job["module"], job["file"]), job["kernel"]).cache_key
+    except Exception:  # noqa: BLE001 -- a child computes what is missing itself
+        pass
 
 
 def _run_job(job: dict) -> str:
