@@ -5,7 +5,8 @@
 #          dependencies and two interleaved rounds of threads and fork. Prediction (H100): the forward keeps run 135's
 #          ~3.2-3.7 s (one wait for the slowest of all eleven kernels, which was the forward's already), the backward
 #          4.2 -> ~1.5 s (loading six compiled kernels, ~0.2 s each, and its launches); with bytecode, threads 13.5 ->
-#          ~11 s, fork 12.0 -> ~10 s.
+#          ~11 s, fork 12.0 -> ~9.5 s (its children no longer each hash Triton's files). Run 135 also compiled fp32
+#          variants of bf16 buffers in the backward's warm (fixed at 0a3540d), so its launches compiled again.
 #   check: (~100 s) GPU gradients against float64 for gdn, cler_h_gdn, pgdn, ccq_gdn, kda (bf16): the changed host
 #          path (rerun launched after the backward's buffers are planned; lists built at the forward) must leave every
 #          error as in run 132 (gdn ~4.0e-3, pgdn 4.28e-3, ccq_gdn 4.34e-3).
