@@ -2063,7 +2063,7 @@ def _launch_backward(run, kernels, make, results, alloc, hooks=None):
     recomputed ones (H_n, U, the decayed keys), as soon as it is dead. Kernels between two allocations that follow a
     free launch as one list (one host call)."""
     bufs = run.bufs
-    drop, segments = _schedule(run, kernels, make, results)
+    drop, segments, _ = _schedule(run, kernels, make, results)
     for n in drop:
         del bufs[n]
     # CP (chunk_backward_cp): a hook is a segment of its own; it names the pass tags whose stages are skipped
@@ -2085,12 +2085,16 @@ _SCHEDULES = {}
 
 
 def _schedule(run, kernels, make, results):
+    """_backward_schedule's (drop, segments), and the kernel lists of the segments (the CP hooks' aside), kept per
+    backward kernel list, buffer plan and buffers present."""
     key = (tuple(k[0] for k in kernels), tuple(make), tuple(results), tuple(run.bufs))
     schedule = _SCHEDULES.get(key)
     if schedule is None:
         if len(_SCHEDULES) > 256:
             _SCHEDULES.clear()
-        schedule = _SCHEDULES[key] = _backward_schedule(kernels, make, results, run.bufs)
+        drop, segments = _backward_schedule(kernels, make, results, run.bufs)
+        lists = [[k[:3] for k in segment] for _, segment, _ in segments if segment[0][2] != "hook"]
+        schedule = _SCHEDULES[key] = (drop, segments, lists)
     return schedule
 
 
@@ -2160,8 +2164,7 @@ def _warm_step(run, keep_states):
 
 def _segment_lists(run, kernels, make):
     """The kernel lists _launch_backward launches one host call each (the CP hooks' segments aside)."""
-    return [[k[:3] for k in segment] for _, segment, _ in _schedule(run, kernels, make, _RESULTS)[1]
-            if segment[0][2] != "hook"]
+    return _schedule(run, kernels, make, _RESULTS)[2]
 
 
 def _warm_backward(run, kernels, make, hooks):
@@ -2172,7 +2175,10 @@ def _warm_backward(run, kernels, make, hooks):
     if hooks or not parallel_compile_enabled():
         return
     lists = ([run.kernels] if run.kernels else []) + _segment_lists(run, kernels, make)
-    run.warm(lists, _stand_ins(make, run.device))
+    # the lists are built together: the last one built says a call of this geometry came before (no stand-ins
+    # allocated, no keys formed, on every later call)
+    if lists and run._list_key(lists[-1]) not in _LAUNCH_LISTS:
+        run.warm(lists, _stand_ins(make, run.device))
 
 
 def _stand_ins(make, device):
