@@ -252,7 +252,7 @@ def test_a_failing_fork_leaves_its_kernel_to_the_launch(monkeypatch: pytest.Monk
     import os
 
     if not hasattr(os, "fork"):
-        pytest.skip("os.fork: Linux and macOS only")
+        pytest.skip("needs os.fork (Linux, macOS); elsewhere the threads mode runs")
     answers = {"good": "ok", "bad": "error RuntimeError: ptxas failed", "slow": None}
 
     def fake_run_job(job: dict) -> str:

@@ -1303,9 +1303,9 @@ def _backward_make(run):
 def _gradient_stand_ins(run):
     """Stand-ins (dtype, alignment) for what _backward sets in the run's buffers before launching: dO, the route's
     adjoint and the final states' adjoints."""
-    dt, f32 = dict(dtype=run.dt, device=run.device), dict(dtype=torch.float32, device=run.device)
-    given = {"do_buf": torch.empty(16, **dt), "ds_fin": torch.empty(16, **f32)}
-    return given
+    f32 = torch.float32
+    dtypes = {"do_buf": run.dt, "ds_fin": f32}
+    return _stand_ins(dtypes, run.device)
 
 
 def _warm_step(run, keep_states):
@@ -1320,13 +1320,14 @@ def _warm_step(run, keep_states):
     rerun = _Run(**dict(run.__dict__, kernels=kernels, store_final=False, route=None, o=None, r_given=given,
                         bufs=dict(run.bufs, **_gradient_stand_ins(run))))
     make, _ = _backward_make(rerun)
-    lists = ([kernels] if kernels else []) + _segment_lists(rerun, _bwd_kernels(), make)
-    _compile_at_once([run.jobs([run.kernels]), rerun.jobs(lists, _stand_ins(make, run.device))], run.interpret)
+    lists = _backward_lists(rerun, _bwd_kernels(), make)
+    _compile_at_once([run.jobs([run.kernels]), rerun.jobs(lists, _buffer_stand_ins(make, run.device))], run.interpret)
 
 
-def _segment_lists(run, kernels, make):
-    """The kernel lists _launch_backward launches one host call each (the CP hooks' segments aside)."""
-    return _schedule(run, kernels, make, _RESULTS)[2]
+def _backward_lists(run, kernels, make):
+    """The kernel lists a backward launches, one host call each: the rerun's (run.kernels), then each segment's of
+    _launch_backward (the CP hooks' aside)."""
+    return ([run.kernels] if run.kernels else []) + _schedule(run, kernels, make, _RESULTS)[2]
 
 
 def _warm_backward(run, kernels, make, hooks):
@@ -1336,15 +1337,20 @@ def _warm_backward(run, kernels, make, hooks):
     hooks decide which stages run: no warming."""
     if hooks or not parallel_compile_enabled():
         return
-    lists = ([run.kernels] if run.kernels else []) + _segment_lists(run, kernels, make)
+    lists = _backward_lists(run, kernels, make)
     # the lists are built together: the last one built says a call of this geometry came before (no stand-ins
     # allocated, no keys formed, on every later call)
     if lists and run._list_key(lists[-1]) not in _LAUNCH_LISTS:
-        run.warm(lists, _stand_ins(make, run.device))
+        run.warm(lists, _buffer_stand_ins(make, run.device))
 
 
-def _stand_ins(make, device):
-    return {n: torch.empty(16, dtype=dtype, device=device) for n, (_, dtype) in make.items()}
+def _stand_ins(dtypes, device):
+    """name -> a 16-element tensor of that name's dtype: what a compile sees of a buffer (dtype, alignment)."""
+    return {n: torch.empty(16, dtype=dtype, device=device) for n, dtype in dtypes.items()}
+
+
+def _buffer_stand_ins(make, device):
+    return _stand_ins({n: dtype for n, (_, dtype) in make.items()}, device)
 
 
 def _backward_schedule(kernels, make, results, present):
