@@ -295,7 +295,7 @@ nv.CudaLauncher.__init__ = timed(nv.CudaLauncher.__init__, "launcher_build")
 import dgps
 torch.cuda.init()
 t1 = time.time()
-import dgps.runtime.compile  # the pipeline's modules (sympy, networkx, jinja): bytecode compiled on a fresh machine
+import dgps.runtime.compile  # the pipeline's modules (sympy, jinja): bytecode compiled on a fresh machine
 t_imp = time.time()
 pkg = dgps.compile(open(%r).read())
 rec = dgps.load(open(%r).read())

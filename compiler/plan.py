@@ -1,4 +1,4 @@
-"""Canonical IR -> chunk plan: a DAG (networkx) of block-level stages, chosen by the IR's Structure.
+"""Canonical IR -> chunk plan: a DAG (compiler/graph.py) of block-level stages, chosen by the IR's Structure.
 
 Each stage is a frozen `Stage` (name, kind, input operand names, typed outputs, attributes). The graph
 is built by one rule per stage kind (`STAGE_RULES`), each deciding from the Structure found by the
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import networkx as nx
 import sympy as sp
 
+from .graph import StageGraph
 from .ir import HEAD_INDEX, IR, KTILDE, STAT, Structure, kernel_ir
 
 STAGE_KINDS = ("l2norm", "gates", "chunk_cumsum", "precond_diag", "precond_gram", "precond_exact", "curvature_state",
@@ -118,7 +118,7 @@ class Plan:
     """A typed DAG of stages. `inputs`: spec inputs and initial states; `outputs`: result -> operand."""
 
     name: str
-    graph: nx.DiGraph
+    graph: StageGraph
     inputs: tuple[Operand, ...]
     outputs: tuple[tuple[str, str], ...]
     structure: Structure
@@ -146,7 +146,7 @@ class Plan:
         # the graph is built once (build_plan) and never changed after: its order is computed once too (codegen
         # asks for it about a thousand times per spec)
         order = {s.name: i for i, s in enumerate(self.graph.nodes)}
-        return tuple(nx.lexicographical_topological_sort(self.graph, key=lambda s: order[s.name]))
+        return tuple(self.graph.topological_order(key=lambda s: order[s.name]))
 
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages()]
@@ -950,7 +950,7 @@ def build_plan(ir: IR, chunk_size: int = 64, sub_chunk: int = 16) -> Plan:
     b = _Builder(kernel_ir(ir), chunk_size, sub_chunk)
     for rule in STAGE_RULES:
         rule(b)
-    g = nx.DiGraph()
+    g = StageGraph()
     producer: dict[str, Stage] = {}
     for st in b.stages:
         g.add_node(st)
@@ -1904,7 +1904,7 @@ TYPE_RULES: dict[str, Callable[[Stage, dict[str, Operand]], None]] = {
 def typecheck(plan: Plan) -> None:
     """Every consumed operand is produced upstream (or is a plan input), exactly once; shapes agree."""
     g = plan.graph
-    if not nx.is_directed_acyclic_graph(g):
+    if not g.is_acyclic():
         raise PlanTypeError(f"{plan.name}: the plan has a cycle")
     types: dict[str, Operand] = {o.name: o for o in plan.inputs}
     for st in plan.stages():
