@@ -760,13 +760,30 @@ def _next_pow2(x):
 LAUNCH_OVERRIDES = parse_launch_overrides(os.environ.get("DGPS_LAUNCH", ""))
 
 
+_CONFIGS = {}  # launch_config's answers, per stage, geometry, override and tuned setting
+
+
 def launch_config(name, DK, DV, n_state=None, device=None):
     """(BK, BV, num_warps, num_stages) of one stage: DGPS_LAUNCH / LAUNCH_OVERRIDES, else the setting `dgps tune`
     recorded for this module on `device` (runtime/autotune.py), else dgps.codegen.launch (n_state: the call's
-    sequences × value heads, where known)."""
-    cfg = (LAUNCH_OVERRIDES.get(name) or tuned_launch(__file__, NAME, name, DK, DV, n_state, device)
-           or table_launch(name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND))
-    return check_launch(NAME, name, cfg, DV, DK)
+    sequences × value heads, where known). Every call prepares its run with a few of these (~2.5 µs each to form
+    and check): the table's answer and the check are kept per stage and geometry, keyed by the override and the
+    tuned setting in force, so a changed override or a new tuning is a new key."""
+    override = LAUNCH_OVERRIDES.get(name)
+    tuned = None if override else tuned_launch(__file__, NAME, name, DK, DV, n_state, device)
+    key = (name, DK, DV, n_state, device, override, tuned)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        if len(_CONFIGS) > 1024:
+            _CONFIGS.clear()
+        cfg = _CONFIGS[key] = check_launch(NAME, name, override or tuned or table_launch(
+            name, DK, DV, DECAY, FAMILY, ROUTE, n_state, PRECOND), DV, DK)
+    return cfg
+
+
+def _cdiv(a, b):
+    """⌈a / b⌉ on the host (triton.cdiv is a constexpr function: ~2 µs a call from Python)."""
+    return -(-a // b)
 
 
 def _chunk_layout(lens, device):
@@ -880,25 +897,25 @@ class _Run:
             elif kind == "chunk_keys":  # per chunk and head, one program per block of BK key channels
                 # the key blocks of a chunk and head launch next to each other: their per-token value tiles (dO, U,
                 # dU) are read from L2 by all but the first
-                grid = (triton.cdiv(DK, BK), NT, HV)
+                grid = (_cdiv(DK, BK), NT, HV)
             elif kind == "chunk_columns":  # per chunk and head, one program per block of BK key or BV value columns
-                grid = (triton.cdiv(DK, BK) + triton.cdiv(DV, BV), NT, HV)
+                grid = (_cdiv(DK, BK) + _cdiv(DV, BV), NT, HV)
             elif kind == "chunk_sub_keys":  # and one program per sub-chunk of BC rows, next to each other too
-                grid = (triton.cdiv(DK, BK) * (BT // BC), NT, HV)
+                grid = (_cdiv(DK, BK) * (BT // BC), NT, HV)
             elif kind == "rows":
-                grid = (triton.cdiv(self.TT, BT), max(H, HV))
+                grid = (_cdiv(self.TT, BT), max(H, HV))
             elif kind == "seq_hp":  # the PDN statistic: elementwise per key channel, so blocks of BK channels
-                grid = (N * HP, triton.cdiv(DK, BK))
+                grid = (N * HP, _cdiv(DK, BK))
             elif kind == "key_state_tiles":  # the curvature sums' carries: per [BK, BV] tile (no term couples rows)
-                grid = (triton.cdiv(DK, BV) * triton.cdiv(DK, BK), N * H)
+                grid = (_cdiv(DK, BV) * _cdiv(DK, BK), N * H)
             elif kind == "key_chunk":  # per BV columns of C, chunk and key head (the chunk-parallel curvature passes)
-                grid = (triton.cdiv(DK, BV), NT, H)
+                grid = (_cdiv(DK, BV), NT, H)
             elif kind == "state":
-                grid = (triton.cdiv(DV, BV), N * HV)
+                grid = (_cdiv(DV, BV), N * HV)
             elif kind == "state_keys":  # and one program per block of BK key rows (rows that no term couples)
-                grid = (triton.cdiv(DV, BV) * triton.cdiv(DK, BK), N * HV)
+                grid = (_cdiv(DV, BV) * _cdiv(DK, BK), N * HV)
             else:
-                grid = (triton.cdiv(DV, BV), NT, HV)
+                grid = (_cdiv(DV, BV), NT, HV)
             consts.update(BK=BK, BV=BV)
             args = _KERNEL_ARGS[kernel.__name__]
             const = {a: consts[a] for a in args if a in consts}
@@ -931,7 +948,7 @@ def _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep):
 def _state_buffers(TT, N, HV, DK, DV, dt):
     """name -> (numel, dtype) of the state pass's outputs a keep_states forward keeps: H_n sized by the chunk count's
     bound TT / BT + N (as kept_like sees it), U per token."""
-    b = {"h_buf": ((triton.cdiv(TT, BT) + N) * HV * DK * DV, dt), "vn_buf": (TT * HV * DV, dt)}
+    b = {"h_buf": ((_cdiv(TT, BT) + N) * HV * DK * DV, dt), "vn_buf": (TT * HV * DV, dt)}
     return {n: b[n] for n in _KEPT_STATES}
 
 
@@ -1059,9 +1076,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if os.environ.get("DGPS_AUTOTUNE", "") == "1" and not interpret:  # opt-in: tune this shape class first
         ensure_tuned(sys.modules[__name__], N, TT // N, H, HV, DK, DV, device, dt)
     # (the partial-sum blocks below follow the launches' own settings: the same n_state and device)
-    nkp = triton.cdiv(DK, launch_config("bwd_precond_diag", DK, DV, N * HV, device)[0])  # key-channel blocks of the PDN backward
-    nkg = triton.cdiv(DK, launch_config("bwd_grads", DK, DV, N * HV, device)[0])  # key-channel blocks of the chunk gradients
-    nkc = triton.cdiv(DK, launch_config("bwd_curvature_query", DK, DV, N * HV, device)[1])  # column blocks of the curvature backward
+    nkp = _cdiv(DK, launch_config("bwd_precond_diag", DK, DV, N * HV, device)[0])  # key-channel blocks of the PDN backward
+    nkg = _cdiv(DK, launch_config("bwd_grads", DK, DV, N * HV, device)[0])  # key-channel blocks of the chunk gradients
+    nkc = _cdiv(DK, launch_config("bwd_curvature_query", DK, DV, N * HV, device)[1])  # column blocks of the curvature backward
     if TT * max(H, HV) * max(nkp, nkg, nkc) >= 2**31:  # a partial sum's row offset is int32 (codegen/address.py)
         raise TensorError(f"{NAME}: {TT} tokens × {max(H, HV)} heads × {max(nkp, nkg, nkc)} key blocks reach 2^31 "
                           "elements in one buffer; call with fewer tokens at a time")
