@@ -60,29 +60,31 @@ class StageGraph:
         return iter(self._pred[n])
 
     def number_of_edges(self) -> int:
-        return sum(len(s) for s in self._succ.values())
+        return len(self.edges)
 
-    def topological_order(self, key: Callable[[Hashable], Any]) -> list[Hashable]:
-        """Kahn's order, the ready node with the smallest `key` first; ValueError on a cycle."""
-        indegree = {n: len(p) for n, p in self._pred.items()}
-        ready = [(key(n), i, n) for i, n in enumerate(self._succ) if indegree[n] == 0]
-        heapq.heapify(ready)
+    def topological_order(self, key: Callable[[Hashable], Any] | None = None) -> list[Hashable]:
+        """Kahn's order: of the nodes ready, the one with the smallest `key` first, ties (and key None) in the order
+        the nodes were added; ValueError on a cycle."""
         index = {n: i for i, n in enumerate(self._succ)}
+        rank = (lambda n: (key(n), index[n])) if key is not None else index.__getitem__
+        indegree = {n: len(p) for n, p in self._pred.items()}
+        ready = [(rank(n), n) for n in self._succ if indegree[n] == 0]
+        heapq.heapify(ready)
         order = []
         while ready:
-            _, _, n = heapq.heappop(ready)
+            _, n = heapq.heappop(ready)
             order.append(n)
             for b in self._succ[n]:
                 indegree[b] -= 1
                 if indegree[b] == 0:
-                    heapq.heappush(ready, (key(b), index[b], b))
+                    heapq.heappush(ready, (rank(b), b))
         if len(order) != len(self._succ):
             raise ValueError("the graph has a cycle")
         return order
 
     def is_acyclic(self) -> bool:
         try:
-            self.topological_order(key=lambda n: 0)
+            self.topological_order()
         except ValueError:
             return False
         return True

@@ -145,8 +145,7 @@ class Plan:
     def _launch_order(self) -> tuple[Stage, ...]:
         # the graph is built once (build_plan) and never changed after: its order is computed once too (codegen
         # asks for it about a thousand times per spec)
-        order = {s.name: i for i, s in enumerate(self.graph.nodes)}
-        return tuple(self.graph.topological_order(key=lambda s: order[s.name]))
+        return tuple(self.graph.topological_order())  # ties in the order the rules added the stages
 
     def kinds(self) -> list[str]:
         return [s.kind for s in self.stages()]

@@ -714,3 +714,32 @@ def test_launch_table_by_sequences_and_heads() -> None:
         assert table_launch(stage, 128, 128, *additive, 16) == (64, 32, 4, 3)
     # the diagonal preconditioner's fp32 k̃ stream: its reverse pass at BV 64 / 3 stages (run 83), gdn's at BV 32
     assert table_launch("bwd_state", 128, 128, *tied, 64, "diag") == (64, 64, 4, 3)
+
+
+def test_stage_graph_order_and_cycles():
+    from dgps.compiler.graph import StageGraph
+
+    g = StageGraph()
+    for n in ("a", "b", "c", "d"):
+        g.add_node(n)
+    g.add_edge("c", "a", operands=["x"])
+    g.add_edge("d", "b", operands=["y"])
+    # ready nodes leave in the order they were added: c before d, a (ready after c) before d
+    assert g.topological_order() == ["c", "a", "d", "b"]
+    assert g.topological_order(key=lambda n: -ord(n)) == ["d", "c", "b", "a"]
+    assert g.edges["c", "a"] == {"operands": ["x"]} and g.number_of_edges() == 2
+    assert list(g.predecessors("b")) == ["d"] and g.is_acyclic()
+    h = g.relabel({"a": "z"})
+    assert h.nodes == ["z", "b", "c", "d"] and h.has_edge("c", "z") and not h.has_edge("c", "a")
+    g.add_edge("a", "c")
+    assert not g.is_acyclic()
+    with pytest.raises(ValueError, match="cycle"):
+        g.topological_order()
+
+
+def test_typecheck_rejects_a_cycle():
+    p = plan("gdn")
+    g = p.graph.copy()
+    g.add_edge(p.stage("output"), p.stage("interaction"), operands=["o"])
+    with pytest.raises(PlanTypeError, match="cycle"):
+        typecheck(replace(p, graph=g))
