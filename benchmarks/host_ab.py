@@ -4,6 +4,9 @@ runtime is this tree's), interleaved. At a tiny shape (B 1, T 256: kernels of a 
 host time; at the reference shape the wall clock and the profiler's kernel sum show whether the step is host-bound.
 
     . benchmarks/device_env.sh && python3 benchmarks/host_ab.py gdn --against HEAD~1 [--reps 5]
+
+Where the device's git lacks the commit, `python3 benchmarks/host_ab.py gdn --against REV --export` here first and
+carry `.ab`.
 """
 
 from __future__ import annotations
@@ -23,16 +26,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+def git_show(rev: str, path: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def package_files(rev: str, spec: str) -> list[str]:
+    return subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:generated/{spec}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def export(rev: str, spec: str) -> Path:
+    """generated/<spec> at `rev` into .ab/<rev>/<spec> (ignored; a device run carries `.ab`)."""
+    out = ROOT / ".ab" / rev / spec
+    out.mkdir(parents=True, exist_ok=True)
+    for f in package_files(rev, spec):
+        (out / f).write_text(git_show(rev, f"generated/{spec}/{f}"))
+    return out
+
+
 def package_at(rev: str, spec: str, into: Path):  # noqa: ANN201
     """generated/<spec> at `rev`, imported as the package `<spec>_at_rev`."""
     name = f"{spec}_at_rev"
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:generated/{spec}"],
-                           capture_output=True, text=True, check=True).stdout.split()
     (into / name).mkdir(parents=True)
-    for f in files:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:generated/{spec}/{f}"], capture_output=True,
-                              text=True, check=True).stdout
-        (into / name / f).write_text(text)
+    exported = ROOT / ".ab" / rev / spec  # `--export` wrote it here: the device's git may not hold `rev`
+    if exported.is_dir():
+        for f in exported.iterdir():
+            (into / name / f.name).write_text(f.read_text())
+    else:
+        for f in package_files(rev, spec):
+            (into / name / f).write_text(git_show(rev, f"generated/{spec}/{f}"))
     spec_obj = importlib.util.spec_from_file_location(name, into / name / "__init__.py",
                                                       submodule_search_locations=[str(into / name)])
     mod = importlib.util.module_from_spec(spec_obj)
@@ -53,7 +76,11 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--shape", nargs=4, type=int, default=[4, 4096, 16, 128])
     p.add_argument("--json")
+    p.add_argument("--export", action="store_true", help="only write the other commit's package under .ab/ and exit")
     a = p.parse_args()
+    if a.export:
+        print(export(a.against, a.spec))
+        return 0
     rec = dgps.load((ROOT / "specs" / f"{a.spec}.dgps").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         pkgs = {"now": importlib.import_module(f"dgps.generated.{a.spec}"),
