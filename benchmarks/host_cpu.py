@@ -67,7 +67,7 @@ def main() -> int:
           f"{t_bwd / n * 1e6:.0f}), launches per step {launches[0] / n:.1f}")
     if pr:
         s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+        pstats.Stats(pr, stream=s).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "30")))
         print(s.getvalue())
     return 0
 

@@ -1,7 +1,8 @@
-"""Where a training step's host time goes on a GPU machine: cProfile over N steps at a tiny shape (B 1, T 256: the
-kernels take a few µs, so the wall clock is the host's), sorted by own time and by cumulative time.
+"""Where a training step's host time goes on a GPU machine: the wall clock per step at a tiny shape (B 1, T 256, H 2:
+the kernels take a few µs, so the wall clock is the host's) and, with --profile, cProfile over the steps sorted by
+own and by cumulative time. Whichever `dgps` is on the path is timed: two trees compare in alternating processes.
 
-    . benchmarks/device_env.sh && python3 benchmarks/host_profile.py gdn [--steps 300]
+    . benchmarks/device_env.sh && python3 benchmarks/host_profile.py gdn [--steps 300] [--profile]
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--top", type=int, default=45)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--shape", nargs=4, type=int, default=[1, 256, 2, 128], metavar=("B", "T", "H", "D"))
+    p.add_argument("--profile", action="store_true")
     a = p.parse_args()
+    B, T, H, D = a.shape
     rec = dgps.load((ROOT / "specs" / f"{a.spec}.dgps").read_text())
     pkg = importlib.import_module(f"dgps.generated.{a.spec}")
-    x = rec.random_inputs(1, 256, 2, 128, 128, dtype=torch.bfloat16, seed=0, device=a.device, on_device=True)
-    do = torch.randn(1, 256, 2, 128, dtype=torch.bfloat16, device=a.device)
+    x = rec.random_inputs(B, T, H, D, D, dtype=torch.bfloat16, seed=0, device=a.device, on_device=True)
+    do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device=a.device)
 
     def step() -> None:
         leaves = {k: v.detach().requires_grad_(True) for k, v in x.items()}
@@ -44,7 +48,10 @@ def main() -> int:
     for _ in range(a.steps):
         step()
     torch.cuda.synchronize()
-    print(f"{a.spec}: {1e6 * (time.perf_counter() - t0) / a.steps:.0f} us per step unprofiled", flush=True)
+    print(f"{a.spec} {dgps.__file__} B {B} T {T} H {H} D {D}: {1e6 * (time.perf_counter() - t0) / a.steps:.0f} us "
+          "per step", flush=True)
+    if not a.profile:
+        return 0
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(a.steps):

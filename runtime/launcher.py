@@ -43,7 +43,7 @@ def current_stream() -> Any:
 
 
 def _tensor_key(tensors: Mapping[str, torch.Tensor], names: Sequence[str]) -> tuple:
-    return tuple((t.dtype, t.data_ptr() & 15 == 0) for t in (tensors[n] for n in names))
+    return tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in map(tensors.__getitem__, names)])
 
 
 def launch_all(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], key: Hashable,

@@ -1400,6 +1400,7 @@ class _Run:
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
+        self.__dict__.pop("_geometry", None)  # a run made from another's fields (_warm_step) forms its own key
 
     def launch(self, kernels):
         # the launch list of this geometry is built once (grids, launch settings, constants); a call only names
@@ -1437,10 +1438,15 @@ class _Run:
         return jobs, keys
 
     def _list_key(self, kernels):
-        return (__name__, tuple(k[0] for k in kernels), self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK,
-                self.DV, float(self.scale), self.dt_id, self.store_final, self.interpret, self.keep, self.nkp,
-                self.nkg, self.nkc, self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
+        # the run's part of the key is formed once: a training step forms about eight keys from two runs
+        geometry = self.__dict__.get("_geometry")
+        if geometry is None:
+            geometry = self._geometry = (
+                __name__, self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV, float(self.scale),
+                self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg, self.nkc,
+                self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
                 os.environ.get("DGPS_TUNED", "") != "0")
+        return geometry, tuple(k[0] for k in kernels)
 
     def _tensors(self):
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
@@ -1574,6 +1580,19 @@ def _forward(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     return _result(run), run
 
 
+_PLACEHOLDERS = {}
+
+
+def _placeholder(dtype, device):
+    """A one-element tensor standing for a buffer a launch names but does not touch (a stage this call does not run,
+    a final state not stored): no kernel reads or writes it, so one per dtype and device serves every call."""
+    key = (dtype, device)
+    t = _PLACEHOLDERS.get(key)
+    if t is None:
+        t = _PLACEHOLDERS[key] = torch.empty(1, dtype=dtype, device=device)
+    return t
+
+
 def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False,
              keep_states=False, route_given=None):
     """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
@@ -1606,8 +1625,7 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
         scale = SPEC.scale if SPEC.scale is not None else DK ** -0.5
     TT = B * T
     f32 = dict(dtype=torch.float32, device=device)
-    dummy = torch.empty(1, **f32)
-    dummy_dt = torch.empty(1, dtype=dt, device=device)
+    dummy, dummy_dt = _placeholder(torch.float32, device), _placeholder(dt, device)
     bufs = dict.fromkeys(_BUFFERS, dummy)
     for n in _DT_BUFFERS:
         bufs[n] = dummy_dt
