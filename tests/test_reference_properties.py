@@ -444,6 +444,28 @@ def test_non_tensor_arguments(case, needles):
         assert needle in str(err.value), f"{needle!r} not in {str(err.value)!r}"
 
 
+def test_seen_inputs_pass_only_what_the_check_passed():
+    """check_inputs passes a seen (spec, name, shape, dtype, device) signature without the walk (runtime/tensors.py):
+    a valid call seen before must not let through anything the full check refuses, and a call leaving a param to its
+    default is filled in every time."""
+    from dgps.runtime import tensors
+
+    rec, x = _gla_inputs()
+    ok, dims = tensors.check_inputs(rec.ir, x)
+    again, dims2 = tensors.check_inputs(rec.ir, x)  # the seen path
+    assert dims2 == dims and list(again) == list(ok) and all(again[n] is ok[n] for n in ok)
+    for bad, needle in ((dict(x, v=x["v"][:, :, :1]), "HV"), (dict(x, g=x["g"][..., :1]), "`g`"),
+                        (dict(x, g=x["g"].to(torch.int64)), "floating"), (dict(x, gk=x["g"]), "unknown")):
+        with pytest.raises(dgps.TensorError, match=needle):
+            tensors.check_inputs(rec.ir, bad)
+    pg = load("pgdn")
+    y = pg.random_inputs(1, 4, 1, 4, 3, seed=0)
+    y.pop("mu")
+    for _ in range(2):  # the default is built on every call, never kept as a seen signature
+        filled, _ = tensors.check_inputs(pg.ir, y)
+        assert "mu" in filled and "mu" not in y
+
+
 def test_param_wrong_shape_names_it():
     rec = load("pgdn")
     x = rec.random_inputs(1, 4, 1, 4, 3, HV=2, seed=0)
