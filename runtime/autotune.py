@@ -80,6 +80,22 @@ def shape_class(DK: int, DV: int, n_state: int | None) -> str:
 _TABLES: dict[Path, dict] = {}
 _LOOKUPS: dict[tuple, Config | None] = {}
 _CLASSES: dict[tuple, bool] = {}
+_GENERATION = [0]  # tunes recorded in this process: what the generated hosts derive from launch settings keys on it
+
+
+def forget() -> None:
+    """Drop what this process has read of tuned files (after DGPS_CACHE_DIR changes): the next lookups read again,
+    and the generated hosts form their call geometries again."""
+    _TABLES.clear()
+    _LOOKUPS.clear()
+    _CLASSES.clear()
+    _GENERATION[0] += 1
+
+
+def tuning_generation() -> int:
+    """How many tunes this process has recorded: a generated host keeps what it derives from the launch settings
+    (its call geometries) per generation, so that a tune here is seen by the next call."""
+    return _GENERATION[0]
 
 
 def _read(path: Path) -> dict:
@@ -133,6 +149,7 @@ def _record(path: Path, cls: str, results: dict[str, dict], meta: dict) -> None:
     _TABLES[path] = data
     _LOOKUPS.clear()
     _CLASSES.clear()
+    _GENERATION[0] += 1
 
 
 # ---- the child: one stage's candidates, each checked and timed ---------------------------------------------------------

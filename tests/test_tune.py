@@ -85,9 +85,7 @@ def test_every_launched_stage_has_candidates_its_kernel_takes(spec: str) -> None
 
 def _tune_gdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: ANN202
     monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
-    autotune._TABLES.clear()
-    autotune._LOOKUPS.clear()
-    autotune._CLASSES.clear()
+    autotune.forget()
     pkg = dgps.compile(str(ROOT / "specs" / "gdn.dgps"))
     path, results = autotune.tune(pkg, (1, 64, 1, 32, 32), dtype="float32", device="cpu", log=lambda s: None, **kw)
     return pkg, path, results
@@ -153,9 +151,7 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_autotune_tunes_a_class_once_at_its_first_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DGPS_CACHE_DIR", str(tmp_path))
-    autotune._TABLES.clear()
-    autotune._LOOKUPS.clear()
-    autotune._CLASSES.clear()
+    autotune.forget()
     mod = dgps.compile(str(ROOT / "specs" / "gdn.dgps")).chunk
     calls = []
 

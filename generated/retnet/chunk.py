@@ -29,7 +29,7 @@ import triton.language as tl
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
 from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter, block_pointers
-from dgps.runtime.autotune import ensure_tuned, tuned_launch
+from dgps.runtime.autotune import ensure_tuned, tuned_launch, tuning_generation
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
 from dgps.runtime.reference import RecurrenceOutput, initial_states
@@ -1092,26 +1092,39 @@ def _placeholder(dtype, device):
     return t
 
 
-def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False,
-             keep_states=False, route_given=None):
-    """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
-    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call).
-    `keep_states`: H_n and U sized to be kept (_state_buffers). `route_given`: a training forward's route output,
-    which a backward's rerun of the state pass reads as R (vn_buf) instead of forming it (rerun_reads_route)."""
-    x, dims = check_inputs(SPEC, inputs)
-    ranges = check_cu_seqlens(cu_seqlens, dims)
+_GEOMETRIES = {}
+
+
+def _geometry(dims, dt, device, ranges, kernels, per_call, keep, keep_states, scale):
+    """What a call's run needs beyond its tensors, kept per call geometry: sizes, the chunk layout (cu_seqlens aside
+    for packed calls: the caller's tensor), the kernels as this call runs them, the launch settings' partial-sum
+    blocks. A training step prepares two runs of one geometry (the forward and the backward's rerun), each ~40 µs of
+    host time to form from scratch. Keyed too by the environment and module state it reads (a tune in this process,
+    DGPS_LAUNCH overrides, DGPS_TUNED, the interpreter, FUSE_OUTPUT), so that a change is a new key."""
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    autotune = os.environ.get("DGPS_AUTOTUNE", "") == "1" and not interpret
+    key = (dims, dt, device, tuple(ranges), tuple(k[0] for k in kernels), per_call, bool(keep), bool(keep_states),
+           None if scale is None else float(scale), interpret, autotune, os.environ.get("DGPS_TUNED", "") != "0",
+           tuning_generation(), tuple(LAUNCH_OVERRIDES.items()),
+           FUSE_OUTPUT)
+    geo = _GEOMETRIES.get(key)
+    if geo is None:
+        geo = _form_geometry(dims, dt, device, ranges, kernels, per_call, keep, keep_states, scale, interpret, autotune)
+        if len(_GEOMETRIES) > 256:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = geo
+    return geo
+
+
+def _form_geometry(dims, dt, device, ranges, kernels, per_call, keep, keep_states, scale, interpret, autotune):
     B, T, H, HV, DK, DV = dims.B, dims.T, dims.H, dims.HV, dims.dk, dims.dv
-    q = x["q"]
-    if q.dtype not in _DT_ID:
-        raise TensorError(f"{NAME}: the chunk kernels take bf16, fp16 or fp32 inputs; q is {q.dtype}")
+    if dt not in _DT_ID:
+        raise TensorError(f"{NAME}: the chunk kernels take bf16, fp16 or fp32 inputs; q is {dt}")
     if DK > 256:
         raise TensorError(f"{NAME}: the chunk kernels need dk <= 256; got dk = {DK}")
-    device = q.device
-    dt = q.dtype
-    x = {n: t.contiguous() for n, t in x.items()}
     if ranges:
         lens = [b - a for a, b in ranges]
-        cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+        cu = None  # the call's own cu_seqlens (_prepare)
         chunk_indices, chunk_offsets, NT = _packed_layout(lens, device)
     else:
         lens = [T] * B
@@ -1119,53 +1132,22 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     N = len(lens)
     if per_call:
         kernels = _per_call(kernels, N * HV, DV, device)
-    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
-    st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
     HP = H if False else HV
     if scale is None:
         scale = SPEC.scale if SPEC.scale is not None else DK ** -0.5
     TT = B * T
-    f32 = dict(dtype=torch.float32, device=device)
-    dummy, dummy_dt = _placeholder(torch.float32, device), _placeholder(dt, device)
-    bufs = dict.fromkeys(_BUFFERS, dummy)
-    for n in _DT_BUFFERS:
-        bufs[n] = dummy_dt
-    names = _KEPT_BUFFERS + (_KEPT_STATES if _states_kept(kept) else [])
-    kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
     takes = _takes(kernels)
-    for n, (numel, dtype) in _token_buffers(TT, len(lens), H, HV, HP, DK, DV, dt, keep).items():
-        # a call that keeps nothing allocates only what its kernels take (an inference call's fused kernel may form
-        # a stage's outputs inside it: _inference_kernels)
-        if keep or n in takes:
-            bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
+    # a call that keeps nothing allocates only what its kernels take (an inference call's fused kernel may form a
+    # stage's outputs inside it: _inference_kernels)
+    tokens = {n: size for n, size in _token_buffers(TT, N, H, HV, HP, DK, DV, dt, keep).items() if keep or n in takes}
     # H_n and U go to memory only where a launched kernel takes them: a state pass with the output fused in keeps
     # both in registers (at B = 4, T = 4096, H = 16, dk = dv = 128 H_n alone is 134 MB in bf16)
     # to be kept (keep_states): sized as kept_like sizes them
     states = _state_buffers(TT, N, HV, DK, DV, dt) if keep_states else {}
-    if "h_buf" in takes and "h_buf" not in states:
-        bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
-    if route_given is not None:
-        if tuple(route_given.shape) != (B, T, HV, DV) or route_given.dtype != dt:
-            raise TensorError(f"{NAME}: the forward's route has shape {list(route_given.shape)} and dtype "
-                              f"{route_given.dtype}, expected {[B, T, HV, DV]} and {dt}")
-        bufs["vn_buf"] = route_given.contiguous()
-    elif "vn_buf" in takes and "vn_buf" not in states:
-        bufs["vn_buf"] = torch.empty(TT * HV * DV, dtype=dt, device=device)
-    bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in states.items()})
-    bufs.update({n: kept[n] for n in _KEPT_STATES if n in kept})  # a keep_states forward's, for its backward
-    # the backward's rerun of the forward has no output stage: no o
-    o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
-    bufs["o_buf"] = o if o is not None else dummy_dt
-    route = None
-    bufs["s0"] = st["S"]
-    s_out = torch.empty_like(st["S"]) if output_final_state else dummy
-    bufs["s_out"] = s_out
-    BK = max(16, _next_pow2(DK))
     dt_id = _DT_ID[dt]
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if dt_id and interpret:
         dt_id += 2
-    if os.environ.get("DGPS_AUTOTUNE", "") == "1" and not interpret:  # opt-in: tune this shape class first
+    if autotune:  # opt-in (DGPS_AUTOTUNE=1): tune this shape class first
         ensure_tuned(sys.modules[__name__], N, TT // N, H, HV, DK, DV, device, dt)
     # (the partial-sum blocks below follow the launches' own settings: the same n_state and device)
     nkp = _cdiv(DK, launch_config("bwd_precond_diag", DK, DV, N * HV, device)[0])  # key-channel blocks of the PDN backward
@@ -1177,11 +1159,57 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     if NT > 65535:  # the chunk kernels' grids hold the chunks on CUDA's y axis, which takes at most 65535
         raise TensorError(f"{NAME}: {NT} chunks of {BT} tokens in one call, past the 65535 a kernel grid's y axis takes; "
                           "call with fewer tokens at a time")
-    return _Run(x=x, bufs=bufs, cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H,
-                HV=HV, HP=HP, DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=BK, dt=dt, dt_id=dt_id, lens=lens, st=st,
-                store_final=bool(output_final_state), interpret=interpret, keep=bool(keep), device=device,
-                dummy=dummy, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc, o=o, route=route, kernels=kernels,
-                r_given=route_given is not None)
+    return dict(cu=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, scale=scale, N=N, H=H, HV=HV, HP=HP,
+                DK=DK, DV=DV, NT=NT, TT=TT, B=B, T=T, BK=max(16, _next_pow2(DK)), dt=dt, dt_id=dt_id, lens=lens,
+                interpret=interpret, keep=bool(keep), device=device, dims=dims, nkp=nkp, nkg=nkg, nkc=nkc,
+                kernels=kernels), takes, tokens, states
+
+
+def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep, kernels, kept=None, per_call=False,
+             keep_states=False, route_given=None):
+    """The run of one forward: inputs checked, buffers allocated for `kernels` (H_n, U and o only where one of them
+    takes them), nothing launched. `per_call`: `kernels` as this call runs them (run.kernels; _per_call).
+    `keep_states`: H_n and U sized to be kept (_state_buffers). `route_given`: a training forward's route output,
+    which a backward's rerun of the state pass reads as R (vn_buf) instead of forming it (rerun_reads_route)."""
+    x, dims = check_inputs(SPEC, inputs)
+    ranges = check_cu_seqlens(cu_seqlens, dims)
+    q = x["q"]
+    device, dt = q.device, q.dtype
+    fields, takes, tokens, states = _geometry(dims, dt, device, ranges, kernels, per_call, keep, keep_states, scale)
+    B, T, HV, DK, DV, NT, N = fields["B"], fields["T"], fields["HV"], fields["DK"], fields["DV"], fields["NT"], fields["N"]
+    x = {n: t.contiguous() for n, t in x.items()}
+    cu = fields["cu"] if not ranges else cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
+    st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
+    f32 = dict(dtype=torch.float32, device=device)
+    dummy, dummy_dt = _placeholder(torch.float32, device), _placeholder(dt, device)
+    bufs = dict.fromkeys(_BUFFERS, dummy)
+    for n in _DT_BUFFERS:
+        bufs[n] = dummy_dt
+    names = _KEPT_BUFFERS + (_KEPT_STATES if _states_kept(kept) else [])
+    kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
+    for n, (numel, dtype) in tokens.items():
+        bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
+    if "h_buf" in takes and "h_buf" not in states:
+        bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
+    if route_given is not None:
+        if tuple(route_given.shape) != (B, T, HV, DV) or route_given.dtype != dt:
+            raise TensorError(f"{NAME}: the forward's route has shape {list(route_given.shape)} and dtype "
+                              f"{route_given.dtype}, expected {[B, T, HV, DV]} and {dt}")
+        bufs["vn_buf"] = route_given.contiguous()
+    elif "vn_buf" in takes and "vn_buf" not in states:
+        bufs["vn_buf"] = torch.empty(fields["TT"] * HV * DV, dtype=dt, device=device)
+    bufs.update({n: torch.empty(numel, dtype=dtype, device=device) for n, (numel, dtype) in states.items()})
+    bufs.update({n: kept[n] for n in _KEPT_STATES if n in kept})  # a keep_states forward's, for its backward
+    # the backward's rerun of the forward has no output stage: no o
+    o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
+    bufs["o_buf"] = o if o is not None else dummy_dt
+    route = None
+    bufs["s0"] = st["S"]
+    s_out = torch.empty_like(st["S"]) if output_final_state else dummy
+    bufs["s_out"] = s_out
+    return _Run(**dict(fields, x=x, bufs=bufs, cu=cu, st=st, store_final=bool(output_final_state), dummy=dummy, o=o,
+                       route=route, r_given=route_given is not None))
 
 
 def _result(run):
@@ -1385,7 +1413,22 @@ def _schedule(run, kernels, make, results):
 _RESULTS = ("ds0", "da0", "dp0", "dc0", "dm0") + tuple("dx_" + n for n in _INPUTS)
 
 
+_MAKES = {}
+
+
 def _backward_make(run):
+    """_form_backward_make's (make, lasts), kept per geometry and input dtypes (both read-only to their callers)."""
+    key = (run.H, run.HV, run.DK, run.DV, run.NT, run.TT, run.N, run.dt, run.nkg, run.nkp, run.nkc,
+           tuple([run.x[n].dtype for n in _INPUTS]))
+    made = _MAKES.get(key)
+    if made is None:
+        if len(_MAKES) > 256:
+            _MAKES.clear()
+        made = _MAKES[key] = _form_backward_make(run)
+    return made
+
+
+def _form_backward_make(run):
     """The backward's own buffers, name -> (numel, dtype), read off the backward plan's stage outputs
     (codegen/buffers.py: backward_buffers), and each input's trailing gradient shape. _launch_backward allocates
     each buffer right before the first kernel that names it and drops it after the last one, so that a phase's
