@@ -17,6 +17,7 @@ here keep the bound path.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -26,7 +27,9 @@ import torch
 # (kernel, grid, constant keyword arguments (num_warps / num_stages included), names of the tensor arguments)
 Launch = tuple[Any, tuple[int, ...], dict[str, Any], tuple[str, ...]]
 
-_COMPILED: dict[Hashable, list[tuple[Any, tuple[int, ...], tuple[tuple[bool, Any], ...]]]] = {}
+# launch-list key and tensor key -> per launch: (compiled kernel, grid, (is a tensor, name or value) per parameter,
+# _direct's C launch or None)
+_COMPILED: dict[Hashable, list[tuple[Any, tuple[int, ...], tuple[tuple[bool, Any], ...], Any]]] = {}
 _LIST_NAMES: dict[Hashable, tuple[str, ...]] = {}  # launch-list key -> its distinct tensor arguments
 _MAX_ENTRIES = 256
 
@@ -63,14 +66,54 @@ def launch_all(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], 
     if compiled is None:
         _record(launches, tensors, call_key)
         return
+    stream = current_stream()
+    enter, leave = launch_hooks()
+    hooked = enter is not None or leave is not None
+    for ck, grid, spec, direct in compiled:
+        args = [tensors[v] if is_tensor else v for is_tensor, v in spec]
+        meta = ck.launch_metadata(grid, stream, *args) if hooked else None
+        if direct is not None:
+            launch, cooperative, pdl = direct
+            launch(grid[0], grid[1], grid[2], stream, ck.function, cooperative, pdl, None, None, ck.packed_metadata,
+                   meta, enter, leave, *args)
+        else:
+            ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, leave, *args)
+
+
+def launch_hooks() -> tuple[Any, Any]:
+    """Triton's launch enter and exit hooks, None where there is none. Triton 3.6 keeps each as a HookChain, never
+    None; its C launcher calls a hook that is not None, and a hook is what reads the launch metadata, which takes a
+    few µs a launch to form. An empty chain is no hook: None for it skips both (a profiler's hook, once added, is
+    called as before)."""
     from triton import knobs
 
-    stream = current_stream()
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    for ck, grid, spec in compiled:
-        args = [tensors[v] if is_tensor else v for is_tensor, v in spec]
-        meta = ck.launch_metadata(grid, stream, *args) if enter is not None else None
-        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, leave, *args)
+    return (None if getattr(enter, "calls", None) == [] else enter), (None if getattr(leave, "calls", None) == [] else leave)
+
+
+# Triton versions whose CUDA launcher's __call__ is known to only allocate scratch (none where both sizes are 0) and
+# forward to its C `launch` as (grid, stream, function, cooperative, pdl, global scratch, profile scratch, *rest)
+_DIRECT_TRITON = ("3.6.",)
+
+
+def _direct(ck: Any) -> tuple[Any, bool, bool] | None:
+    """(C launch, cooperative grid, PDL) of a compiled kernel whose launcher can be skipped: Triton 3.6's
+    CudaLauncher.__call__ is a Python frame (two scratch allocations, both None at size 0) around the C launch, ~3 µs
+    of host time a launch. Anything else (another Triton, scratch in use, another launcher): None, ck.run as is."""
+    import triton
+
+    run = getattr(ck, "run", None)
+    call = type(run).__dict__.get("__call__")  # the launcher class's own __call__, not an inherited one
+    code = getattr(call, "__code__", None)
+    if (code is None or not triton.__version__.startswith(_DIRECT_TRITON)
+            or code.co_varnames[:code.co_argcount] != ("self", "gridX", "gridY", "gridZ", "stream", "function")
+            or not code.co_flags & inspect.CO_VARARGS):
+        return None
+    if getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0:
+        return None
+    if not all(hasattr(run, a) for a in ("launch", "launch_cooperative_grid", "launch_pdl")):
+        return None
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl
 
 
 def _record(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], call_key: Hashable) -> None:
@@ -84,7 +127,8 @@ def _record(launches: Sequence[Launch], tensors: Mapping[str, torch.Tensor], cal
             all(hasattr(ck, a) for a in ("run", "function", "packed_metadata", "launch_metadata"))
         if compiled is not None and replayable:
             grid3 = (tuple(grid) + (1, 1))[:3]
-            compiled.append((ck, grid3, tuple((p in names, p if p in names else const[p]) for p in params)))
+            compiled.append((ck, grid3, tuple((p in names, p if p in names else const[p]) for p in params),
+                             _direct(ck)))
         else:
             compiled = None
     if compiled is not None:

@@ -124,3 +124,85 @@ def test_cu_seqlens_read_once_per_tensor_version(monkeypatch: pytest.MonkeyPatch
         tm.check_cu_seqlens(inf, dims)
         tm.check_cu_seqlens(inf, dims)
     assert len(reads) == 7
+
+
+class _Launcher36:
+    """Stands in for Triton 3.6's CudaLauncher: the same __call__ signature, scratch sizes and C `launch`."""
+
+    def __init__(self, log: list, scratch: int = 0) -> None:
+        self.log, self.global_scratch_size, self.profile_scratch_size = log, scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # noqa: ANN001, ANN204, N803
+        self.log.append(("wrapper", (gridX, gridY, gridZ), stream, args))
+
+    def launch(self, *args):  # noqa: ANN002, ANN201
+        self.log.append(("c_launch", args))
+
+
+class _Chain:
+    """A Triton 3.6 HookChain: never None, empty unless a hook was added."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __call__(self, *args) -> None:  # noqa: ANN002
+        for c in self.calls:
+            c(*args)
+
+
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_triton_36_launcher_called_at_its_c_launch_with_the_wrapper_s_arguments(scratch: int,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3.6 launcher without scratch is called at its C launch, with exactly what its __call__ would pass (grid,
+    stream, function, cooperative, PDL, no scratch, then metadata, hooks and the arguments); one with scratch keeps
+    its __call__, which allocates it."""
+    import triton
+    from triton import knobs
+
+    monkeypatch.setattr(launcher, "_DIRECT_TRITON", (triton.__version__,))
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", _Chain([]))
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", _Chain([]))
+    kernel = _Kernel(["x", "H", "y", "scale"])
+    kernel.compiled.run = _Launcher36(kernel.log, scratch)
+    t = {"x": torch.zeros(8), "y": torch.ones(8)}
+    launcher.launch_all(_launches(kernel), t, "geom")
+    launcher.launch_all(_launches(kernel), t, "geom")
+    kind, *rest = kernel.log[1]
+    if scratch:
+        assert kind == "wrapper" and rest[0] == (4, 2, 1) and rest[1] == 7
+        args = rest[2]
+        assert args[:4] == ("meta", None, None, None)  # packed metadata; empty chains: no metadata, no hooks
+        assert args[4] is t["x"] and args[5:] == (16, t["y"], 0.5)
+        return
+    assert kind == "c_launch"
+    args = rest[0]
+    assert args[:11] == (4, 2, 1, 7, "fn", False, True, None, None, "meta", None) and args[11:13] == (None, None)
+    assert args[13] is t["x"] and args[14:] == (16, t["y"], 0.5)
+
+
+def test_a_launch_hook_gets_the_launch_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty hook chain is no hook (no metadata formed); a chain with a hook (a profiler's) is passed on with the
+    metadata, as Triton's own path passes them."""
+    from triton import knobs
+
+    formed = []
+
+    class Compiled(_Compiled):
+        def launch_metadata(self, grid, stream, *args):  # noqa: ANN001, ANN201
+            formed.append(grid)
+            return {"name": "k"}
+
+    kernel = _Kernel(["x", "H", "y", "scale"])
+    kernel.compiled = Compiled(kernel.log)
+    kernel.compiled.run = lambda *a: kernel.log.append(("run", a))
+    t = {"x": torch.zeros(8), "y": torch.ones(8)}
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", _Chain([]))
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", _Chain([]))
+    launcher.launch_all(_launches(kernel), t, "geom")
+    launcher.launch_all(_launches(kernel), t, "geom")
+    assert formed == [] and kernel.log[1][1][6:9] == (None, None, None)
+    hook = _Chain([lambda meta: None])
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    launcher.launch_all(_launches(kernel), t, "geom")
+    assert formed == [(4, 2, 1)] and kernel.log[2][1][6:9] == ({"name": "k"}, hook, None)
