@@ -46,9 +46,32 @@ def state_shapes(ir: IR, dims: Dims, N: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_ZERO: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def zero_state(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero state of `shape` that holds one element: a cached one-element zero expanded (stride 0). What the chunk
+    kernels read as "no initial state" (is_zero_state: they start from zero and read nothing); anywhere else a
+    `.contiguous()` makes it real zeros."""
+    device = torch.device(device)
+    key = (device, dtype)
+    z = _ZERO.get(key)
+    if z is None:
+        z = _ZERO[key] = torch.zeros(1, dtype=dtype, device=device)
+    return z.expand(shape)
+
+
+def is_zero_state(t: torch.Tensor) -> bool:
+    """Whether `t` is a zero_state (not merely zeros: an expanded view of the cached zero)."""
+    z = _ZERO.get((t.device, t.dtype))
+    return z is not None and t.data_ptr() == z.data_ptr() and not any(t.stride())
+
+
 def initial_states(ir: IR, dims: Dims, N: int, given: torch.Tensor | Mapping[str, torch.Tensor] | None,
-                   dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    """Complete the initial states: zeros, except P_0 = I / λ; check the shapes of what was given."""
+                   dtype: torch.dtype, device: torch.device, lazy: bool = False) -> dict[str, torch.Tensor]:
+    """Complete the initial states: zeros, except P_0 = I / λ; check the shapes of what was given. `lazy`: each
+    zero state a zero_state (one element, expanded), so that no zeros are formed for a state nobody gave: a
+    training step formed two per call (the package's S_0 and the backward's final-state adjoint)."""
     shapes = state_shapes(ir, dims, N)
     if given is None:
         given = {}
@@ -69,7 +92,7 @@ def initial_states(ir: IR, dims: Dims, N: int, given: torch.Tensor | Mapping[str
                 eye = torch.eye(dims.dk, dtype=dtype, device=device) / ir.precond.lam
                 x = eye.expand(shape).clone()
             else:
-                x = torch.zeros(shape, dtype=dtype, device=device)
+                x = zero_state(shape, dtype, device) if lazy else torch.zeros(shape, dtype=dtype, device=device)
         elif not isinstance(x, torch.Tensor):
             raise TensorError(f"{ir.name}: initial state `{name}` must be a torch.Tensor {list(shape)}, got {type(x).__name__}")
         elif tuple(x.shape) != shape:

@@ -503,3 +503,48 @@ def test_constant_operands(name: str) -> None:
     # operand ends in dk; scalar(c) and gain 0.5: operands with no dims); three chunks, grouped value heads
     assert supports_chunk_backward(load(name).ir)[0]
     check_gradients(name, HV=4)
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "pgdn"])
+def test_a_step_without_states_forms_no_zero_states(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step with no initial state and no final-state gradient forms no [N, HV, dk, dv] zeros: the package
+    passes a zero_state (one element, expanded) and the kernels start from zero without reading (S0_GIVEN and
+    DS_FIN_GIVEN false). Its output and every gradient equal, bit for bit, those of the same step given explicit zero
+    states, which the kernels read. (pgdn: its statistic's zero A_0 is made real; only S is never formed.)"""
+    from dgps.runtime.reference import is_zero_state, zero_state
+
+    rec = dgps.load(SPECS_DIR / f"{name}.dgps")
+    pkg = dgps.compile(str(SPECS_DIR / f"{name}.dgps"))
+    B, T, H, D = 2, 70, 2, 16
+    x = rec.random_inputs(B, T, H, D, D, dtype=torch.float32, seed=3)
+    do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(4))
+    s_shape = (B, H, D, D)
+
+    def step(**kw) -> tuple[torch.Tensor, ...]:  # noqa: ANN003
+        leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+        o = pkg.forward(**leaves, **kw).o
+        o.backward(do)
+        return (o.detach(), *(leaves[n].grad for n in sorted(leaves)))
+
+    zeros_made = []
+    real_zeros = torch.zeros
+
+    def counting_zeros(*shape, **kw):  # noqa: ANN002, ANN003, ANN202
+        zeros_made.append(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size))
+                          else shape)
+        return real_zeros(*shape, **kw)
+
+    monkeypatch.setattr(torch, "zeros", counting_zeros)
+    lazy = step()
+    monkeypatch.setattr(torch, "zeros", real_zeros)
+    assert s_shape not in zeros_made, zeros_made
+    given = {n: torch.zeros(s) for n, s in state_shapes(rec.ir, Dims(B, T, H, H, D, D), B).items()}
+    if "P" in given:
+        del given["P"]
+    explicit = step(initial_state=given)
+    for a, b in zip(lazy, explicit, strict=True):
+        assert torch.equal(a, b)
+    z = zero_state(s_shape, torch.float32, torch.device("cpu"))
+    assert is_zero_state(z) and z.shape == s_shape and z.untyped_storage().nbytes() == 4
+    assert not is_zero_state(z.contiguous()) and not is_zero_state(torch.zeros(1).expand(s_shape))
+    assert torch.equal(z.contiguous(), torch.zeros(s_shape))

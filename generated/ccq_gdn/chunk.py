@@ -35,7 +35,7 @@ from dgps.runtime import announce_interpreter, block_pointers
 from dgps.runtime.autotune import ensure_tuned, tuned_launch, tuning_generation
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
-from dgps.runtime.reference import RecurrenceOutput, initial_states
+from dgps.runtime.reference import RecurrenceOutput, initial_states, is_zero_state
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
 announce_interpreter()
@@ -635,7 +635,7 @@ def chunk_wy_kernel(
 #   where the state pass stored them, and O is rounded once, when stored.
 @triton.jit
 def chunk_state_output_kernel(
-    g_buf, qh_buf, s_buf, w_buf, u_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, H: tl.constexpr,
+    g_buf, qh_buf, s_buf, w_buf, u_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, S0_GIVEN, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr, KEEP: tl.constexpr,
     BLOCK_PTR: tl.constexpr,
@@ -653,14 +653,17 @@ def chunk_state_output_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_le = o_t[:, None] >= o_t[None, :]
+    # S0_GIVEN 0: no initial state was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -820,7 +823,7 @@ def chunk_state_output_kernel(
 #   H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...).
 @triton.jit
 def chunk_state_pass_kernel(
-    g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, H: tl.constexpr,
+    g_buf, w_buf, u_buf, h_buf, vn_buf, s0, s_out, pn_k, cu_seqlens, chunk_offsets, S0_GIVEN, H: tl.constexpr,
     HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -837,14 +840,17 @@ def chunk_state_pass_kernel(
     o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    # S0_GIVEN 0: no initial state was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -1032,9 +1038,9 @@ def chunk_output_kernel(
 #   keys and values, one more c×c product per chunk; the wy launch's W and Ũ are neither formed nor stored.
 @triton.jit
 def chunk_state_output_wy_kernel(
-    p_v, p_beta, g_buf, qh_buf, t_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    p_v, p_beta, g_buf, qh_buf, t_buf, o_buf, s0, s_out, pn_k, cu_seqlens, scale, S0_GIVEN, H: tl.constexpr,
+    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -1049,14 +1055,17 @@ def chunk_state_output_wy_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     m_le = o_t[:, None] >= o_t[None, :]
+    # S0_GIVEN 0: no initial state was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -1216,8 +1225,8 @@ def chunk_state_output_wy_kernel(
 @triton.jit
 def chunk_bwd_state_kernel(
     g_buf, qh_buf, ql_buf, s_buf, w_buf, do_buf, dh_buf, du_buf, ds_fin, ds0, pn_k, cu_seqlens, chunk_offsets,
-    scale, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
+    scale, DS_FIN_GIVEN, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tl.static_assert(DK <= 2 * BK, "the reverse state pass holds at most 2 key blocks: BK too small for dk")
     i_v = tl.program_id(0)
@@ -1232,14 +1241,17 @@ def chunk_bwd_state_kernel(
     o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    # DS_FIN_GIVEN 0: no final-state adjoint was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (DS_FIN_GIVEN != 0), other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (DS_FIN_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -1952,11 +1964,11 @@ _KERNEL_ARGS = {
     'chunk_curvature_query_kernel': ('p_lam', 'qh_buf', 'ql_buf', 'n0', 'mn_buf', 'mq_buf', 'corr_buf', 'cn_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
     'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
     'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_state_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP', 'BLOCK_PTR'),
-    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'w_buf', 'u_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'S0_GIVEN', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET', 'KEEP', 'BLOCK_PTR'),
+    'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'S0_GIVEN', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('g_buf', 'qh_buf', 's_buf', 'h_buf', 'vn_buf', 'o_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'KEEP'),
-    'chunk_state_output_wy_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
-    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_state_output_wy_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'o_buf', 's0', 's_out', 'pn_k', 'cu_seqlens', 'scale', 'S0_GIVEN', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('g_buf', 'qh_buf', 'ql_buf', 's_buf', 'w_buf', 'do_buf', 'dh_buf', 'du_buf', 'ds_fin', 'ds0', 'pn_k', 'cu_seqlens', 'chunk_offsets', 'scale', 'DS_FIN_GIVEN', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_solve_kernel': ('p_v', 'p_beta', 'g_buf', 'qh_buf', 't_buf', 'vn_buf', 'do_buf', 'du_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'dx_v', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_beta', 'g_buf', 'qh_buf', 'ql_buf', 'h_buf', 'vn_buf', 'do_buf', 'dh_buf', 'aq_buf', 'aa_buf', 'abeta_buf', 'ag_buf', 'dbc_buf', 'dy_buf', 'dsg_buf', 'dlg_buf', 'dgs_buf', 'dgl_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'scale', 'TT', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'NKG'),
     'chunk_bwd_curvature_query_kernel': ('p_lam', 'n0', 'aqc_buf', 'mn_buf', 'ms_buf', 'sh_buf', 'sl_buf', 'corr_buf', 'cn_buf', 'aq_buf', 'alam_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'TT', 'H', 'HV', 'G', 'DK', 'BT', 'BK', 'BV', 'DT_ID', 'NKC'),
@@ -2198,7 +2210,12 @@ class _Run:
                 self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg, self.nkc,
                 self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
                 os.environ.get("DGPS_TUNED", "") != "0")
-        return geometry, tuple(k[0] for k in kernels)
+        return geometry, tuple(k[0] for k in kernels), *self._given()
+
+    def _given(self):
+        """(S0_GIVEN, DS_FIN_GIVEN): whether the launches read an initial state S and a final-state adjoint, or start
+        from zero (where none was given the placeholder stands in, and no zeros are formed)."""
+        return self.s0_given, self.ds_fin_given
 
     def _tensors(self):
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
@@ -2215,6 +2232,7 @@ class _Run:
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
+        consts["S0_GIVEN"], consts["DS_FIN_GIVEN"] = (int(f) for f in self._given())
         launches = []
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV, self.device)
@@ -2445,8 +2463,11 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     B, T, HV, DK, DV, NT, N = fields["B"], fields["T"], fields["HV"], fields["DK"], fields["DV"], fields["NT"], fields["N"]
     x = {n: t.contiguous() for n, t in x.items()}
     cu = fields["cu"] if not ranges else cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
-    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
-    st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
+    # a state nobody gave is a zero_state: S's is never formed (its kernels start from zero: S0_GIVEN), the others'
+    # are made real here
+    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device, lazy=True)
+    st = {k: v if k == "S" and is_zero_state(v) else v.to(device=device, dtype=torch.float32).contiguous()
+          for k, v in st.items()}
     f32 = dict(dtype=torch.float32, device=device)
     dummy, dummy_dt = _placeholder(torch.float32, device), _placeholder(dt, device)
     bufs = dict.fromkeys(_BUFFERS, dummy)
@@ -2478,11 +2499,12 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
     route = None
-    bufs["s0"] = st["S"]
-    s_out = torch.empty_like(st["S"]) if output_final_state else dummy
+    bufs["s0"] = dummy if is_zero_state(st["S"]) else st["S"]
+    s_out = torch.empty(st["S"].shape, **f32) if output_final_state else dummy
     bufs["s_out"] = s_out
     return _Run(**dict(fields, x=x, bufs=bufs, cu=cu, st=st, store_final=bool(output_final_state), dummy=dummy, o=o,
-                       route=route, r_given=route_given is not None))
+                       route=route, r_given=route_given is not None, s0_given=bufs["s0"] is not dummy,
+                       ds_fin_given=False))
 
 
 def _result(run):
@@ -2539,6 +2561,7 @@ def _set_states(run, states):
         s = s.to(device=run.device, dtype=torch.float32).contiguous()
         run.st[n] = s
         run.bufs[_STATE_BUFFERS[n]] = s
+    run.s0_given = run.s0_given or "S" in states
 
 
 def _transition(run, s0):
@@ -2564,7 +2587,7 @@ def _transition(run, s0):
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)
     bufs["s0"] = s0.to(device=run.device, dtype=torch.float32).contiguous()
     bufs["s_out"] = torch.empty_like(bufs["s0"])
-    return _Run(**{**run.__dict__, "x": x, "bufs": bufs, "DV": wide, "store_final": True})
+    return _Run(**{**run.__dict__, "x": x, "bufs": bufs, "DV": wide, "store_final": True, "s0_given": True})
 
 
 def _launch(run, kernels):
@@ -2789,6 +2812,7 @@ def _warm_step(run, keep_states):
     kernels = _rerun_kernels(kept, keep_states, given)
     kernels = _per_call(kernels, run.N * run.HV, run.DV, run.device)
     rerun = _Run(**dict(run.__dict__, kernels=kernels, store_final=False, route=None, o=None, r_given=given,
+                        ds_fin_given=False,  # the common backward: no final-state adjoint
                         bufs=dict(run.bufs, **_gradient_stand_ins(run))))
     make, _ = _backward_make(rerun)
     lists = _backward_lists(rerun, _bwd_kernels(), make)
@@ -2945,7 +2969,10 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["do_buf"] = do.contiguous()
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
-    bufs["ds_fin"] = fin("S")
+    # no final-state adjoint (the common training step): bwd_state starts from zero instead of reading formed zeros;
+    # a CP slice adds the later ranks' adjoint to it, so there it is formed
+    run.ds_fin_given = hooks is not None or d_final_state.get("S") is not None
+    bufs["ds_fin"] = fin("S") if run.ds_fin_given else run.dummy
     bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")
     make, lasts = _backward_make(run)
     _warm_backward(run, kernels, make, hooks)

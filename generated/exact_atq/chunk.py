@@ -32,7 +32,7 @@ from dgps.runtime import announce_interpreter, block_pointers
 from dgps.runtime.autotune import ensure_tuned, tuned_launch, tuning_generation
 from dgps.runtime.launcher import launch_all
 from dgps.runtime.warmup import compile_in_parallel, parallel_compile_enabled, start_compile_workers
-from dgps.runtime.reference import RecurrenceOutput, initial_states
+from dgps.runtime.reference import RecurrenceOutput, initial_states, is_zero_state
 from dgps.runtime.tensors import TensorError, check_cu_seqlens, check_inputs
 
 announce_interpreter()
@@ -273,9 +273,9 @@ def chunk_precond_exact_kernel(
 #   H_n is held as one tile of BK key rows per program: no term couples the rows (the additive family).
 @triton.jit
 def chunk_state_pass_kernel(
-    p_k, p_v, h_buf, s0, s_out, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
+    p_k, p_v, h_buf, s0, s_out, cu_seqlens, chunk_offsets, S0_GIVEN, H: tl.constexpr, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, STORE_FINAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
     i_v = tl.program_id(0) % tl.cdiv(DV, BV)
@@ -290,9 +290,12 @@ def chunk_state_pass_kernel(
     o_kb = i_kb * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    # S0_GIVEN 0: no initial state was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -404,9 +407,9 @@ def chunk_output_kernel(
 #   dH is held as up to 2 tiles of BK key rows (b_dh0, b_dh1, ...), as the forward state pass holds H.
 @triton.jit
 def chunk_bwd_state_kernel(
-    qh_buf, do_buf, dh_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale, HV: tl.constexpr, G: tl.constexpr,
-    DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    qh_buf, do_buf, dh_buf, ds_fin, ds0, cu_seqlens, chunk_offsets, scale, DS_FIN_GIVEN, HV: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DT_ID: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_kb = tl.program_id(0) // tl.cdiv(DV, BV)
     i_v = tl.program_id(0) % tl.cdiv(DV, BV)
@@ -421,9 +424,12 @@ def chunk_bwd_state_kernel(
     o_kb = i_kb * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    # DS_FIN_GIVEN 0: no final-state adjoint was given; the load is masked off (the placeholder is never read) and it
+    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
+    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
     o_k = o_kb
     m_k = o_k < DK
-    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (DS_FIN_GIVEN != 0), other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -784,9 +790,9 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_precond_gram_kernel': ('p_k', 'gn_buf', 'p0', 'p_out', 'cu_seqlens', 'chunk_offsets', 'H', 'DK', 'BT', 'BK'),
     'chunk_precond_exact_kernel': ('p_q', 'p_k', 'qh_buf', 'gn_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_state_pass_kernel': ('p_k', 'p_v', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
+    'chunk_state_pass_kernel': ('p_k', 'p_v', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'S0_GIVEN', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_k', 'p_v', 'qh_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
-    'chunk_bwd_state_kernel': ('qh_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
+    'chunk_bwd_state_kernel': ('qh_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'DS_FIN_GIVEN', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
     'chunk_bwd_local_values_kernel': ('p_k', 'qh_buf', 'do_buf', 'dh_buf', 'du_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_grad_kernel': ('p_k', 'p_v', 'qh_buf', 'h_buf', 'do_buf', 'dh_buf', 'du_buf', 'aq_buf', 'aa_buf', 'az_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_precond_exact_kernel': ('p_q', 'p_k', 'aq_buf', 'gn_buf', 'akx_buf', 'aqx_buf', 'wx_buf', 'ge_buf', 'ga_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BK'),
@@ -966,7 +972,12 @@ class _Run:
                 self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg, self.nkc,
                 self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
                 os.environ.get("DGPS_TUNED", "") != "0")
-        return geometry, tuple(k[0] for k in kernels)
+        return geometry, tuple(k[0] for k in kernels), *self._given()
+
+    def _given(self):
+        """(S0_GIVEN, DS_FIN_GIVEN): whether the launches read an initial state S and a final-state adjoint, or start
+        from zero (where none was given the placeholder stands in, and no zeros are formed)."""
+        return self.s0_given, self.ds_fin_given
 
     def _tensors(self):
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
@@ -983,6 +994,7 @@ class _Run:
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
+        consts["S0_GIVEN"], consts["DS_FIN_GIVEN"] = (int(f) for f in self._given())
         launches = []
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV, self.device)
@@ -1192,8 +1204,11 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     B, T, HV, DK, DV, NT, N = fields["B"], fields["T"], fields["HV"], fields["DK"], fields["DV"], fields["NT"], fields["N"]
     x = {n: t.contiguous() for n, t in x.items()}
     cu = fields["cu"] if not ranges else cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
-    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device)
-    st = {k: v.to(device=device, dtype=torch.float32).contiguous() for k, v in st.items()}
+    # a state nobody gave is a zero_state: S's is never formed (its kernels start from zero: S0_GIVEN), the others'
+    # are made real here
+    st = initial_states(SPEC, dims, N, initial_state, torch.float32, device, lazy=True)
+    st = {k: v if k == "S" and is_zero_state(v) else v.to(device=device, dtype=torch.float32).contiguous()
+          for k, v in st.items()}
     f32 = dict(dtype=torch.float32, device=device)
     dummy, dummy_dt = _placeholder(torch.float32, device), _placeholder(dt, device)
     bufs = dict.fromkeys(_BUFFERS, dummy)
@@ -1221,11 +1236,12 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     o = torch.empty(B, T, HV, DV, dtype=dt, device=device) if "o_buf" in takes else None
     bufs["o_buf"] = o if o is not None else dummy_dt
     route = None
-    bufs["s0"] = st["S"]
-    s_out = torch.empty_like(st["S"]) if output_final_state else dummy
+    bufs["s0"] = dummy if is_zero_state(st["S"]) else st["S"]
+    s_out = torch.empty(st["S"].shape, **f32) if output_final_state else dummy
     bufs["s_out"] = s_out
     return _Run(**dict(fields, x=x, bufs=bufs, cu=cu, st=st, store_final=bool(output_final_state), dummy=dummy, o=o,
-                       route=route, r_given=route_given is not None))
+                       route=route, r_given=route_given is not None, s0_given=bufs["s0"] is not dummy,
+                       ds_fin_given=False))
 
 
 def _result(run):
@@ -1274,6 +1290,7 @@ def _set_states(run, states):
         s = s.to(device=run.device, dtype=torch.float32).contiguous()
         run.st[n] = s
         run.bufs[_STATE_BUFFERS[n]] = s
+    run.s0_given = run.s0_given or "S" in states
 
 
 def _transition(run, s0):
@@ -1299,7 +1316,7 @@ def _transition(run, s0):
     bufs["o_buf"] = torch.empty(1, dtype=run.dt, device=run.device)
     bufs["s0"] = s0.to(device=run.device, dtype=torch.float32).contiguous()
     bufs["s_out"] = torch.empty_like(bufs["s0"])
-    return _Run(**{**run.__dict__, "x": x, "bufs": bufs, "DV": wide, "store_final": True})
+    return _Run(**{**run.__dict__, "x": x, "bufs": bufs, "DV": wide, "store_final": True, "s0_given": True})
 
 
 def _launch(run, kernels):
@@ -1505,6 +1522,7 @@ def _warm_step(run, keep_states):
     given = False
     kernels = _rerun_kernels(kept, keep_states, given)
     rerun = _Run(**dict(run.__dict__, kernels=kernels, store_final=False, route=None, o=None, r_given=given,
+                        ds_fin_given=False,  # the common backward: no final-state adjoint
                         bufs=dict(run.bufs, **_gradient_stand_ins(run))))
     make, _ = _backward_make(rerun)
     lists = _backward_lists(rerun, _bwd_kernels(), make)
@@ -1661,7 +1679,10 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     bufs["do_buf"] = do.contiguous()
     if ROUTE != "none":
         bufs["dr_buf"] = d_route.contiguous() if d_route is not None else torch.zeros_like(do)
-    bufs["ds_fin"] = fin("S")
+    # no final-state adjoint (the common training step): bwd_state starts from zero instead of reading formed zeros;
+    # a CP slice adds the later ranks' adjoint to it, so there it is formed
+    run.ds_fin_given = hooks is not None or d_final_state.get("S") is not None
+    bufs["ds_fin"] = fin("S") if run.ds_fin_given else run.dummy
     bufs["dp_fin"] = fin("P")
     make, lasts = _backward_make(run)
     _warm_backward(run, kernels, make, hooks)

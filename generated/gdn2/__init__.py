@@ -259,7 +259,11 @@ def forward(
         raise dgps.TensorError(f"gdn2.forward: the kernels take bf16, fp16 or fp32 inputs; q is {x['q'].dtype} "
                                "(cast the inputs, or use reference(...) for float64)")
     ranges = check_cu_seqlens(cu_seqlens, dims)
-    states = initial_states(IR, dims, len(ranges) if ranges else dims.B, initial_state, torch.float32, x["q"].device)
+    # a state nobody gave goes on as a zero_state (one element, expanded): the chunk kernels start from zero without
+    # reading it, and no [N, HV, dk, dv] zeros are formed per call; traced calls (fake tensors) take real zeros
+    traced = torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in x.values())
+    states = initial_states(IR, dims, len(ranges) if ranges else dims.B, initial_state, torch.float32, x["q"].device,
+                            lazy=not traced)
     states = {n: s.float() for n, s in states.items()}
     if scale is None:
         scale = IR.scale if IR.scale is not None else dims.dk ** -0.5
