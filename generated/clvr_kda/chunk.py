@@ -575,17 +575,17 @@ def chunk_state_pass_kernel(
     o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    # S0_GIVEN 0: no initial state was given; the load is masked off (the placeholder is never read) and it
-    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
-    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
+    # S0_GIVEN 0: no initial state was given; o_k < 0 masks the load off (the placeholder is never read) and it starts
+    # from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the load and
+    # made cler_h_kda's state pass spill 8 B); a comparison, which every Triton's interpreter takes as a mask
     o_k = o_kb
     m_k = o_k < DK
-    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
+    b_h0 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k & (o_k < S0_GIVEN * DK))[:, None] & m_v[None, :], other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (S0_GIVEN != 0), other=0.)
+        b_h1 = tl.load(s0 + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k & (o_k < S0_GIVEN * DK))[:, None] & m_v[None, :], other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
@@ -808,17 +808,17 @@ def chunk_bwd_state_kernel(
     o_kb = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    # DS_FIN_GIVEN 0: no final-state adjoint was given; the load is masked off (the placeholder is never read) and it
-    # starts from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the
-    # load and changed a state pass's register allocation: cler_h_kda's spilled 8 B)
+    # DS_FIN_GIVEN 0: no final-state adjoint was given; o_k < 0 masks the load off (the placeholder is never read) and it starts
+    # from zero. A runtime flag, not a constexpr: the same code either way (a constexpr false dropped the load and
+    # made cler_h_kda's state pass spill 8 B); a comparison, which every Triton's interpreter takes as a mask
     o_k = o_kb
     m_k = o_k < DK
-    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (DS_FIN_GIVEN != 0), other=0.)
+    b_dh0 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k & (o_k < DS_FIN_GIVEN * DK))[:, None] & m_v[None, :], other=0.)
 
     if DK > 1 * BK:
         o_k = 1 * BK + o_kb
         m_k = o_k < DK
-        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k[:, None] & m_v[None, :]) & (DS_FIN_GIVEN != 0), other=0.)
+        b_dh1 = tl.load(ds_fin + ((i_n * HV + i_hv) * DK + o_k[:, None]) * DV + o_v[None, :], mask=(m_k & (o_k < DS_FIN_GIVEN * DK))[:, None] & m_v[None, :], other=0.)
 
     n_tc = tl.cdiv(eos - bos, BT)
     if INTERPRET:
