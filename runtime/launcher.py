@@ -6,7 +6,9 @@ compiled kernel up: about 15–20 µs per launch on the H200's host (2026-12-01,
 both dgps and FLA were host-bound (wall clock above the kernel sum). A chunk plan launches the same kernels
 with the same constexprs and integers on every call of one geometry; only the tensors change. So the first call
 of a geometry goes through Triton's own path and records the compiled kernel Triton chose for each launch;
-later calls hand the arguments, in the kernel's parameter order, straight to that kernel's launcher.
+later calls hand the arguments, in the kernel's parameter order, straight to that kernel's launcher (on Triton 3.6,
+to the C launch under its Python frame where the kernel uses no scratch: `_direct`), with no launch hooks or
+metadata where Triton has no hook registered (`launch_hooks`).
 
 What Triton specialises a compiled kernel on, besides constexprs and integers (fixed by the geometry key): each
 tensor's dtype and whether its address is 16-byte aligned. Both are part of the per-call key, so a tensor of
