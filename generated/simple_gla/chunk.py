@@ -1014,12 +1014,9 @@ class _Run:
                 self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg, self.nkc,
                 self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
                 os.environ.get("DGPS_TUNED", "") != "0")
-        return geometry, tuple(k[0] for k in kernels), *self._given()
-
-    def _given(self):
-        """(S0_GIVEN, DS_FIN_GIVEN): whether the launches read an initial state S and a final-state adjoint, or start
-        from zero (where none was given the placeholder stands in, and no zeros are formed)."""
-        return self.s0_given, self.ds_fin_given
+        # S0_GIVEN, DS_FIN_GIVEN: whether the launches read an initial state S and a final-state adjoint, or start
+        # from zero (where none was given the placeholder stands in, and no zeros are formed)
+        return geometry, tuple(k[0] for k in kernels), self.s0_given, self.ds_fin_given
 
     def _tensors(self):
         tensors = {"p_" + n: self.x[n] for n in _INPUTS}
@@ -1036,7 +1033,7 @@ class _Run:
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
                       NKP=self.nkp, NKG=self.nkg,
                       NKC=self.nkc)
-        consts["S0_GIVEN"], consts["DS_FIN_GIVEN"] = (int(f) for f in self._given())
+        consts.update(S0_GIVEN=int(self.s0_given), DS_FIN_GIVEN=int(self.ds_fin_given))
         launches = []
         for name, kernel, kind in kernels:
             BK, BV, num_warps, num_stages = launch_config(name, DK, DV, N * HV, self.device)
@@ -1493,8 +1490,7 @@ _MAKES = {}
 
 def _backward_make(run):
     """_form_backward_make's (make, lasts), kept per geometry and input dtypes (both read-only to their callers)."""
-    key = (run.H, run.HV, run.DK, run.DV, run.NT, run.TT, run.N, run.dt, run.nkg, run.nkp, run.nkc,
-           tuple([run.x[n].dtype for n in _INPUTS]))
+    key = (run.dims, run.DV, run.NT, run.N, run.dt, run.nkg, run.nkp, run.nkc, tuple([run.x[n].dtype for n in _INPUTS]))
     made = _MAKES.get(key)
     if made is None:
         if len(_MAKES) > 256:
