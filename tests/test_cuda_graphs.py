@@ -116,3 +116,39 @@ def test_decode_replays_as_eager(spec: str) -> None:
             assert torch.equal(out.o, want.o), f"{spec}: replayed decode output differs (token {seed})"
             for s in state:
                 assert torch.equal(state[s], eager_state[s]), f"{spec}: replayed decode state {s} (token {seed})"
+
+
+def test_layer_training_step_replays_as_eager() -> None:
+    """DGPSLayer (projections, short convolutions, gates, the kernels, the gated norm) graphed as a module."""
+    from dgps.runtime.layers import DGPSLayer
+
+    torch.manual_seed(0)
+    layer = DGPSLayer(ROOT / "specs" / "gdn.dgps", 256, 2, 128, 128).cuda().to(torch.bfloat16)
+
+    class _Out(torch.nn.Module):  # make_graphed_callables takes tensor outputs only: the layer's `out`
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return self.layer(hidden)[0]
+
+    eager = _Out()
+    graphed = torch.cuda.make_graphed_callables(
+        eager, (torch.randn(B, T, 256, dtype=torch.bfloat16, device="cuda", requires_grad=True),))
+    for seed in (1, 2):
+        gen = torch.Generator("cuda").manual_seed(seed)
+        hidden = torch.randn(B, T, 256, dtype=torch.bfloat16, device="cuda", generator=gen)
+        dy = torch.randn(B, T, 256, dtype=torch.bfloat16, device="cuda", generator=gen)
+        grads = []
+        for module in (graphed, eager):
+            layer.zero_grad(set_to_none=True)
+            h = hidden.clone().requires_grad_(True)
+            y = module(h)
+            y.backward(dy)
+            grads.append((y.detach(), h.grad, {n: p.grad.clone() for n, p in layer.named_parameters()}))
+        (y_g, dh_g, dp_g), (y_e, dh_e, dp_e) = grads
+        assert torch.equal(y_g, y_e), "replayed layer output differs from the eager step's"
+        assert torch.equal(dh_g, dh_e), "replayed d(hidden) differs"
+        for n in dp_e:
+            assert torch.equal(dp_g[n], dp_e[n]), f"replayed gradient of {n} differs"
