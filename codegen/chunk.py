@@ -873,6 +873,7 @@ def _context(ir: IR) -> dict:
     ctx["tf32x3_merges"] = bool(plan.find("interaction")) and not decay_hook(ir.decay.kind).decays
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
+    ctx["pair_mats"] = _pair_matrices(plan, rl, ctx["pair_mm"]) if decay == "vector" else []
     # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
     ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT,
                partial_offset=PRECOND_PARTIAL)
@@ -1192,6 +1193,30 @@ def _input_grad_code(ir: IR, em: _Emitter, rl: _Roles, plan: Plan, skip: tuple[s
         return "\n    ".join(lines), parts
     finally:
         em.q_override = saved
+
+
+@dataclass(frozen=True)
+class _PairMatrix:
+    """One decayed c×c matrix X ⋆ A the per-channel interaction forms (the plan's interaction stage `matrices`, in its
+    order): the tiles of its row operand X against the write key's. `acc` names its accumulators (Ld, L16, L_f ...),
+    `rows` / `half` its row tiles over the chunk and over a level's later half-block rows, `mm` its products."""
+
+    name: str
+    acc: str
+    rows: str
+    half: str
+    expr: sp.Expr
+    mm: str
+
+
+def _pair_matrices(plan: Plan, rl: _Roles, pair_mm: str) -> list[_PairMatrix]:
+    """The per-channel interaction's matrices: L' = E ⋆⁻ A (a delta solve's, tf32 products) and S = Q̂ ⋆ A."""
+    if not plan.find("interaction") or plan.family == "untied":
+        return []
+    by_row = {"E": ("L", "b_e", "h_e", rl.erase_key, "_mm_tf32"), "Q": ("S", "b_q", "h_q", sp.Symbol("q", real=True),
+                                                                        pair_mm)}
+    return [_PairMatrix(name, *by_row[rows]) for name, rows, cols, _ in plan.stage("interaction").attr("matrices")
+            if cols == "A"]
 
 
 def _ir_comment(ir: IR) -> str:

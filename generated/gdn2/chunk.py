@@ -292,8 +292,8 @@ def chunk_interaction_kernel(
     # an elementwise test, then its minimum: a NaN span (−∞ − (−∞)) fails it, where a max-reduction might drop it
     if tl.min((m_span <= 64).to(tl.int32), 0) == 1:
         m_le = o_t[:, None] >= o_t[None, :]
-        S_f = tl.zeros([BT, BT], dtype=tl.float32)
         L_f = tl.zeros([BT, BT], dtype=tl.float32)
+        S_f = tl.zeros([BT, BT], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < DK
