@@ -15,7 +15,7 @@ import argparse
 import importlib
 import json
 import statistics
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,16 +23,10 @@ import torch
 
 import dgps
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_overhead import _per_call_us  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _per_call_us(fn: Callable[[], object], n: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - t0) / n
 
 
 def _train(rec, pkg, shape: tuple[int, int, int, int]) -> tuple[Callable, Callable]:  # noqa: ANN001
@@ -88,7 +82,6 @@ def main() -> int:
         }
         row = {}
         for case, ((eager, graphed), n) in cases.items():
-            eager(), graphed()
             times: dict[str, list[float]] = {"eager": [], "graph": []}
             for _ in range(a.rounds):
                 times["eager"].append(_per_call_us(eager, n))

@@ -85,6 +85,7 @@ from ..compiler.plan import (
     PER_CALL_GUESTS,
     BackwardPlan,
     Plan,
+    Stage,
     beta_gradient,
     build_backward_plan,
     build_plan,
@@ -873,7 +874,7 @@ def _context(ir: IR) -> dict:
     ctx["tf32x3_merges"] = bool(plan.find("interaction")) and not decay_hook(ir.decay.kind).decays
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
-    ctx["pair_mats"] = _pair_matrices(plan, rl, ctx["q_sym"], ctx["pair_mm"]) if decay == "vector" else []
+    ctx["pair_mats"] = _pair_matrices(inter, rl, ctx["q_sym"], ctx["pair_mm"]) if decay == "vector" and not untied else []
     # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
     ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT,
                partial_offset=PRECOND_PARTIAL)
@@ -1201,7 +1202,6 @@ class _PairMatrix:
     order): the tiles of its row operand X against the write key's. `acc` names its accumulators (Ld, L16, L_f ...),
     `rows` / `half` its row tiles over the chunk and over a level's later half-block rows, `mm` its products."""
 
-    name: str
     acc: str
     rows: str
     half: str
@@ -1209,17 +1209,17 @@ class _PairMatrix:
     mm: str
 
 
-def _pair_matrices(plan: Plan, rl: _Roles, q_sym: sp.Symbol, pair_mm: str) -> list[_PairMatrix]:
+def _pair_matrices(inter: Stage | None, rl: _Roles, q_sym: sp.Symbol, pair_mm: str) -> list[_PairMatrix]:
     """The per-channel interaction's matrices: L' = E ⋆⁻ A (a delta solve's, tf32 products) and S = Q̂ ⋆ A. (The
     untied family's four matrices have their own template, chunk_interaction_dplr.jinja.)"""
-    if not plan.find("interaction") or plan.family == "untied":
+    if inter is None:
         return []
     by_row = {"E": ("L", "b_e", "h_e", rl.erase_key, "_mm_tf32"), "Q": ("S", "b_q", "h_q", q_sym, pair_mm)}
-    mats = plan.stage("interaction").attr("matrices")
+    mats = inter.attr("matrices")
     if any(rows not in by_row or cols != "A" for _, rows, cols, _ in mats):
-        raise NotImplementedError(f"{plan.name}: the per-channel interaction template forms E ⋆ A and Q ⋆ A; the plan "
-                                  f"asks for {[m[:3] for m in mats]}")
-    return [_PairMatrix(name, *by_row[rows]) for name, rows, _, _ in mats]
+        raise NotImplementedError(f"the per-channel interaction template forms E ⋆ A and Q ⋆ A; the plan asks for "
+                                  f"{[m[:3] for m in mats]}")
+    return [_PairMatrix(*by_row[rows]) for _, rows, _, _ in mats]
 
 
 def _ir_comment(ir: IR) -> str:
