@@ -639,18 +639,19 @@ class _Emitter:
              plain: bool = False, hi_only: bool = False, fast_log: bool = False) -> str:
         """Statements that leave `expr` in `var`: [R] (side None) or [R, BK]/[R, BV] (side key/value).
 
-        printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain
-        input stays in its buffer's dtype (a tile that only feeds a matmul needs no round trip through fp32).
-        `kcols`: "k" for the key channels o_k / m_k ([R, BK]), "c" for o_c / m_c ([R, BV]). `plain`: a plain input's
-        tile is its load (whose mask zeroes the rest) also where loads are not lean: the curvature passes, whose
-        tiles only feed products (without it, ccq_gla's passes spilled 32-136 B at dk = 128). `hi_only`: the tile is
-        rounded to the input dtype as it enters a matmul, unscaled, so CCQ's q̂ is read as its rounded part alone (one
-        16-bit load, the operand the matmul took from the fp32 q̂ before) instead of the sum of the pair. Not where the
-        tile is scaled first (the reverse state pass's Q̂ ⊙ e^B): rounding the rounded part again raised ccq_gdn's dS0
-        error by a sixth to a half (bf16, T = 200, interpreter). `fast_log`: log nodes through `_fast_log` (triton_expr).
+        printer 'bwd' also prints the nodes that derivatives bring in (sign, fractional powers). `raw`: a plain input
+        stays in its buffer's dtype (a tile that only feeds a matmul needs no round trip through fp32). `kcols`: "k" for
+        the key channels o_k / m_k ([R, BK]), "kf" for o_kf / m_kf ([R, BKF], the per-channel interaction's chunk form),
+        "c" for o_c / m_c ([R, BV]). `plain`: a plain input's tile is its load (whose mask zeroes the rest) also where
+        loads are not lean: the curvature passes, whose tiles only feed products (without it, ccq_gla's passes spilled
+        32-136 B at dk = 128). `hi_only`: the tile is rounded to the input dtype as it enters a matmul, unscaled, so
+        CCQ's q̂ is read as its rounded part alone (one 16-bit load, the operand the matmul took from the fp32 q̂
+        before) instead of the sum of the pair. Not where the tile is scaled first (the reverse state pass's Q̂ ⊙ e^B):
+        rounding the rounded part again raised ccq_gdn's dS0 error by a sixth to a half (bf16, T = 200, interpreter).
+        `fast_log`: log nodes through `_fast_log` (triton_expr).
         """
         saved = self._kcols, self._hi_only
-        self._kcols = ("o_k", "m_k", "BK") if kcols == "k" else (f"o_{kcols}", f"m_{kcols}", "BV")
+        self._kcols = {"k": ("o_k", "m_k", "BK"), "kf": ("o_kf", "m_kf", "BKF")}.get(kcols, (f"o_{kcols}", f"m_{kcols}", "BV"))
         self._hi_only = hi_only
         try:
             return self._tile(var, expr, side, rows, mask, R, indent, log2, printer, raw, plain, fast_log)

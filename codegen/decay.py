@@ -105,12 +105,13 @@ class Decay:
         """Store `var` as the chunk cumsum b at `rows` (the chunk_cumsum stage); OMIT without a decay."""
         return OMIT
 
-    def load(self, var: str, rows: str, mask: str) -> str:
-        """`var` = the chunk cumsum b at `rows` ([R] per token, [R, BK] per channel); OMIT without a decay."""
+    def load(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
+        """`var` = the chunk cumsum b at `rows` ([R] per token, [R, BK] per channel over the key channels o_<keys>,
+        masked by m_<keys>); OMIT without a decay."""
         return OMIT
 
-    def load_last(self, var: str = "b_gl", last: str = "last") -> str:
-        """`var` = b at the chunk's last token ([] or [BK]); OMIT without a decay."""
+    def load_last(self, var: str = "b_gl", last: str = "last", keys: str = "k") -> str:
+        """`var` = b at the chunk's last token ([] or [BK] over o_<keys>); OMIT without a decay."""
         return OMIT
 
     def last_row(self) -> str:
@@ -152,10 +153,10 @@ class ScalarDecay(Decay):
 
     kind: str = "scalar"
 
-    def load(self, var: str, rows: str, mask: str) -> str:
+    def load(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
         return f"{var} = tl.load(g_buf + {row_offset(rows, 'HV', 'i_hv')}, mask={mask}, other=0.)"
 
-    def load_last(self, var: str = "b_gl", last: str = "last") -> str:
+    def load_last(self, var: str = "b_gl", last: str = "last", keys: str = "k") -> str:
         return f"{var} = tl.load(g_buf + {last} * HV + i_hv)"
 
     def store(self, var: str, rows: str, mask: str) -> str:
@@ -204,12 +205,12 @@ class VectorDecay(Decay):
 
     kind: str = "vector"
 
-    def load(self, var: str, rows: str, mask: str) -> str:
-        return (f"{var} = tl.load(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, "
-                f"mask={mask}[:, None] & m_k[None, :], other=0.)")
+    def load(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
+        return (f"{var} = tl.load(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', f'o_{keys}')}, "
+                f"mask={mask}[:, None] & m_{keys}[None, :], other=0.)")
 
-    def load_last(self, var: str = "b_gl", last: str = "last") -> str:
-        return f"{var} = tl.load(g_buf + ({last} * HV + i_hv) * DK + o_k, mask=m_k, other=0.)"
+    def load_last(self, var: str = "b_gl", last: str = "last", keys: str = "k") -> str:
+        return f"{var} = tl.load(g_buf + ({last} * HV + i_hv) * DK + o_{keys}, mask=m_{keys}, other=0.)"
 
     def store(self, var: str, rows: str, mask: str) -> str:
         return (f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, {var}, "

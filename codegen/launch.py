@@ -32,6 +32,18 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+# The per-channel interaction's chunk form (one reference for the whole chunk, where the gates bound it: compiler/plan.py
+# VECTOR_DIAG_FORM) forms its two [BT, BT] products over key blocks of this width, its own constexpr BKF: the
+# levels form next to it in the same kernel keeps the table's BK = 16 (its batched per-level tiles spill wider), while
+# the chunk form at BK = 16 walked eight K = 16 blocks of 32-byte rows for two [64, 64] accumulators.
+CHUNK_FORM_KEY_BLOCK = 64
+
+
+def chunk_form_key_block(DK: int) -> int:
+    """BKF: the key block of the per-channel interaction's one-reference chunk form at key width DK."""
+    return min(CHUNK_FORM_KEY_BLOCK, max(16, _next_pow2(DK)))
+
+
 # a sequential state pass's programs (sequences × heads × value blocks) from which the wider value block pays: fewer
 # leave SMs of the H200's 132 idle while each program walks its sequence chunk by chunk
 STATE_WAVE = 96

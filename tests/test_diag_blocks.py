@@ -99,6 +99,31 @@ def test_chunks_choose_for_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-5
 
 
+@pytest.mark.parametrize("name", ["kda", "gla", "pkda"])
+def test_chunk_form_over_several_key_blocks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk form walks the key channels in blocks of its own width BKF (codegen/launch.py CHUNK_FORM_KEY_BLOCK),
+    not the levels' BK: at dk = dv = 40 and BKF 16, three blocks, the last masked to 8 channels. Gentle gates (the
+    chunk form taken): the output and final state meet the float64 reference, and the loop's width changes the
+    summation order only (so every block was added)."""
+    from dgps.codegen import launch
+
+    rec = dgps.load(SPECS / f"{name}.dgps")
+    x = {k: v.float() for k, v in rec.random_inputs(1, 100, 1, 40, 40, 2, seed=4).items()}
+    for d in rec.ir.inputs:
+        if d.domain == "log_gate" and not d.is_param:
+            x[d.name] = x[d.name] * 0.05
+    ref = _reference(rec, x)
+    outs = {}
+    for width in (16, 64):
+        monkeypatch.setattr(launch, "CHUNK_FORM_KEY_BLOCK", width)
+        monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "chunk")
+        mod = load_chunk(rec.ir)
+        monkeypatch.setattr(mod, "_LAUNCH_LISTS", {})  # launch lists are kept per call geometry, not per BKF
+        outs[width] = out = mod.chunk_forward(x, output_final_state=True)
+        assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-5, width
+    assert not torch.equal(outs[16].o, outs[64].o)
+
+
 def test_without_the_bound_strong_gates_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check is what keeps the bounded form exact: allowed any range, the column factors e^{r − b_j} overflow."""
     rec = dgps.load(SPECS / "kda.dgps")

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from dgps.compiler.ir import DiagPrecond, Precond, ReadCorrection, TensorDecl
-from dgps.codegen.launch import check_launch, few_state_programs, parse_launch_overrides, table_launch
+from dgps.codegen.launch import check_launch, chunk_form_key_block, few_state_programs, parse_launch_overrides, table_launch
 from dgps.runtime import announce_interpreter, block_pointers
 from dgps.runtime.autotune import ensure_tuned, tuned_launch, tuning_generation
 from dgps.runtime.launcher import launch_all
@@ -200,13 +200,14 @@ def chunk_cumsum_kernel(
 # Where the gates bound the split (plan attribute diag_blocks = chunk; docs/chunk_forms.md §3), fewer products are
 # exact too, tested per chunk and key block from the gates: a 16-token block within 2^64 per channel takes one
 # product for its diagonal pairs instead of the four levels, and a chunk within it one reference for all its pairs
-# (one [BT, BK] × [BK, BT] product per matrix and key block).
+# (one [BT, BKF] × [BKF, BT] product per matrix and key block of BKF channels).
 # One program per chunk and head, every tile and accumulator sized to what its level needs (the row-block form
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
 def chunk_interaction_kernel(
     p_q, p_k, g_buf, s_buf, kg_buf, qg_buf, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DT_ID: tl.constexpr,
+    G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKF: tl.constexpr,
+    DT_ID: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -271,8 +272,8 @@ def chunk_interaction_kernel(
     m_lt = (o_c[:, None] > o_c[None, :])[None, :, :]
     # Where every key channel decays by at most 2^64 over the whole chunk (0 − b at its last valid row;
     # b is the chunk-local cumsum), one reference for the chunk, r = 0: row factors e^{b_t} ≤ 1, column factors
-    # e^{−b_j} ≤ 2^64 (no overflow, no underflow in fp32: the same products to rounding), one [BT, BK] ×
-    # [BK, BT] product per matrix and key block, the solve's blocks taken from the result; else the levels.
+    # e^{−b_j} ≤ 2^64 (no overflow, no underflow in fp32: the same products to rounding), one [BT, BKF] ×
+    # [BKF, BT] product per matrix and key block, the solve's blocks taken from the result; else the levels.
     m_span = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -282,20 +283,21 @@ def chunk_interaction_kernel(
     if tl.min((m_span <= 64).to(tl.int32), 0) == 1:
         m_le = o_t[:, None] >= o_t[None, :]
         S_f = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(DK, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < DK
-            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_a = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_a_k, 0.)
-            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_q = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_q_q, 0.)
+        # over key blocks of BKF (wider than the levels' BK: two [BT, BKF] × [BKF, BT] products per block)
+        for i_k in range(0, tl.cdiv(DK, BKF)):
+            o_kf = i_k * BKF + tl.arange(0, BKF)
+            m_kf = o_kf < DK
+            _b_a_k = tl.load(p_k + (rows[:, None] * H + i_h) * DK + o_kf[None, :], mask=m_r[:, None] & m_kf[None, :], other=0.).to(tl.float32)
+            b_a = tl.where(m_r[:, None] & m_kf[None, :], tl.zeros([BT, BKF], dtype=tl.float32) + _b_a_k, 0.)
+            b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_kf[None, :], mask=m_r[:, None] & m_kf[None, :], other=0.)
+            _b_q_q = tl.load(p_q + (rows[:, None] * H + i_h) * DK + o_kf[None, :], mask=m_r[:, None] & m_kf[None, :], other=0.).to(tl.float32)
+            b_q = tl.where(m_r[:, None] & m_kf[None, :], tl.zeros([BT, BKF], dtype=tl.float32) + _b_q_q, 0.)
             # stage decay_keys (fused): the state passes' operands Kg = A ⊙ e^{b_c − B} and Qg = Q̂ ⊙ e^B, from these tiles
-            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_k, mask=m_k, other=0.)
-            tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                     _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
-            tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
-                     _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_k[None, :])
+            b_gl = tl.load(g_buf + (last * HV + i_hv) * DK + o_kf, mask=m_kf, other=0.)
+            tl.store(kg_buf + (rows[:, None] * HV + i_hv) * DK + o_kf[None, :],
+                     _cast_for(b_a * tl.exp2(tl.minimum(b_gl[None, :] - b_g, 0.)), kg_buf, DT_ID), mask=m_r[:, None] & m_kf[None, :])
+            tl.store(qg_buf + (rows[:, None] * HV + i_hv) * DK + o_kf[None, :],
+                     _cast_for(b_q * tl.exp2(b_g), qg_buf, DT_ID), mask=m_r[:, None] & m_kf[None, :])
             d_dn = tl.exp2(b_g)
             a_up = tl.trans(b_a * tl.exp2(-b_g))
             S_f += _mm_tf32x3(b_q * d_dn, a_up, DT_ID)
@@ -939,7 +941,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 # kernel name -> the parameters its body uses (derived by codegen.chunk)
 _KERNEL_ARGS = {
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_q', 'p_k', 'g_buf', 's_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'DT_ID'),
+    'chunk_interaction_kernel': ('p_q', 'p_k', 'g_buf', 's_buf', 'kg_buf', 'qg_buf', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'BKF', 'DT_ID'),
     'chunk_state_pass_kernel': ('p_v', 'g_buf', 'kg_buf', 'h_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'S0_GIVEN', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 's_buf', 'qg_buf', 'h_buf', 'o_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_state_kernel': ('g_buf', 'qg_buf', 'do_buf', 'dh_buf', 'ds_fin', 'ds0', 'cu_seqlens', 'chunk_offsets', 'scale', 'DS_FIN_GIVEN', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'INTERPRET'),
@@ -1133,6 +1135,7 @@ class _Run:
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
+                      BKF=chunk_form_key_block(DK),  # the per-channel interaction's chunk form
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
