@@ -33,15 +33,20 @@ def _next_pow2(x: int) -> int:
 
 
 # The per-channel interaction's chunk form (one reference for the whole chunk, where the gates bound it: compiler/plan.py
-# VECTOR_DIAG_FORM) forms its two [BT, BT] products over key blocks of this width, its own constexpr BKF: the
-# levels form next to it in the same kernel keeps the table's BK = 16 (its batched per-level tiles spill wider), while
-# the chunk form at BK = 16 walked eight K = 16 blocks of 32-byte rows for two [64, 64] accumulators.
-CHUNK_FORM_KEY_BLOCK = 64
+# VECTOR_DIAG_FORM) forms its two [BT, BT] products over key blocks of its own width BKF; the levels form next to it in
+# the same kernel keeps the table's BK = 16 (its batched per-level tiles spill wider). H100 (run 146,
+# benchmarks/chunk_form_block.py, bench_fla's inputs, forward ms at BKF 16 / 32 / 64): kda 1.004 / 0.927 / 0.903, gla
+# 0.616 / 0.557 / 0.555, gdn2 1.042 / 0.955 / 0.968, precond_kda 1.315 / 1.227 / 1.266 (training steps alike). 32 for
+# every spec: no spill at 32 in any of them (compile report, sm_90, dk = 128, once the solve's block indices were
+# formed where they are stored rather than kept live across the forms), while 64 spills in each (kda 24 B, pkda
+# 8-16, gdn2 40-56, gla 72) and was faster for kda alone (by 0.024 ms of 0.93).
+CHUNK_FORM_KEY_BLOCK: int | None = None  # a fixed BKF for sweeps (benchmarks/chunk_form_block.py); None: 32
 
 
 def chunk_form_key_block(DK: int) -> int:
-    """BKF: the key block of the per-channel interaction's one-reference chunk form at key width DK."""
-    return min(CHUNK_FORM_KEY_BLOCK, max(16, _next_pow2(DK)))
+    """BKF: the key block of the per-channel interaction's chunk form at key width DK."""
+    width = CHUNK_FORM_KEY_BLOCK or 32
+    return min(width, max(16, _next_pow2(DK)))
 
 
 # a sequential state pass's programs (sequences × heads × value blocks) from which the wider value block pays: fewer

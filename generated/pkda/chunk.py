@@ -353,10 +353,6 @@ def chunk_interaction_kernel(
     last = t0 + tl.minimum(eos - t0, BT) - 1
     # the references' rows relative to the chunk (int32 offsets from the chunk's first row of this head)
     g_c = g_buf + (t0 * HV + i_hv) * DK
-    # the diagonal blocks' [4, 16, 16] indices
-    d_row = t0 + tl.arange(0, 4)[:, None, None] * BC + o_c[None, :, None]
-    d_col = tl.arange(0, 4)[:, None, None] * BC + o_c[None, None, :]
-    m_d = d_row < eos
     # level 32: 2 block(s); hr / lr the later / earlier half-block rows, fr the reference (each block's middle)
     hr32 = t0 + (o_h // 16) * 32 + 16 + o_h % 16
     lr32 = hr32 - 16
@@ -364,14 +360,6 @@ def chunk_interaction_kernel(
     ml32 = lr32 < eos
     fr32 = (o_h // 16) * 32 + 15
     mf32 = t0 + fr32 < eos
-    # and its [2, 16, 16] output blocks: lower (later rows, earlier columns) and upper
-    u_blk32 = tl.arange(0, 2)[:, None, None] * 32
-    u_r32 = tl.arange(0, 16)[None, :, None]
-    u_c32 = tl.arange(0, 16)[None, None, :]
-    lo_row32 = t0 + u_blk32 + 16 + u_r32
-    lo_col32 = u_blk32 + u_c32
-    up_row32 = t0 + u_blk32 + u_r32
-    up_col32 = u_blk32 + 16 + u_c32
     L32 = tl.zeros([2, 16, 16], dtype=tl.float32)
     S32 = tl.zeros([2, 16, 16], dtype=tl.float32)
     # level 64: 1 block(s); hr / lr the later / earlier half-block rows, fr the reference (each block's middle)
@@ -381,14 +369,6 @@ def chunk_interaction_kernel(
     ml64 = lr64 < eos
     fr64 = (o_h // 32) * 64 + 31
     mf64 = t0 + fr64 < eos
-    # and its [1, 32, 32] output blocks: lower (later rows, earlier columns) and upper
-    u_blk64 = 0
-    u_r64 = tl.arange(0, 32)[:, None]
-    u_c64 = tl.arange(0, 32)[None, :]
-    lo_row64 = t0 + u_blk64 + 32 + u_r64
-    lo_col64 = u_blk64 + u_c64
-    up_row64 = t0 + u_blk64 + u_r64
-    up_col64 = u_blk64 + 32 + u_c64
     L64 = tl.zeros([32, 32], dtype=tl.float32)
     S64 = tl.zeros([32, 32], dtype=tl.float32)
     Ld = tl.zeros([4, BC, BC], dtype=tl.float32)
@@ -559,6 +539,28 @@ def chunk_interaction_kernel(
             a_lo = tl.trans(l_a * tl.exp2(-tl.abs(l_g - f_ref)))
             L64 += _mm_tf32(h_e * d_hi, a_lo, DT_ID)
             S64 += _mm_tf32(h_q * d_hi, a_lo, DT_ID)
+        # where the blocks go: formed where they are stored (kept live across the forms, these index tiles took the
+        # registers the chunk form's wider key blocks need)
+        # the diagonal blocks' [4, 16, 16] indices
+        d_row = t0 + tl.arange(0, 4)[:, None, None] * BC + o_c[None, :, None]
+        d_col = tl.arange(0, 4)[:, None, None] * BC + o_c[None, None, :]
+        m_d = d_row < eos
+        # level 32's [2, 16, 16] output blocks: lower (later rows, earlier columns) and upper
+        u_blk32 = tl.arange(0, 2)[:, None, None] * 32
+        u_r32 = tl.arange(0, 16)[None, :, None]
+        u_c32 = tl.arange(0, 16)[None, None, :]
+        lo_row32 = t0 + u_blk32 + 16 + u_r32
+        lo_col32 = u_blk32 + u_c32
+        up_row32 = t0 + u_blk32 + u_r32
+        up_col32 = u_blk32 + 16 + u_c32
+        # level 64's [1, 32, 32] output blocks: lower (later rows, earlier columns) and upper
+        u_blk64 = 0
+        u_r64 = tl.arange(0, 32)[:, None]
+        u_c64 = tl.arange(0, 32)[None, :]
+        lo_row64 = t0 + u_blk64 + 32 + u_r64
+        lo_col64 = u_blk64 + u_c64
+        up_row64 = t0 + u_blk64 + u_r64
+        up_col64 = u_blk64 + 32 + u_c64
         # the decayed output scores Q ⋆ A (zero above the diagonal)
         Sd += tl.where(o_c[:, None] == o_c[None, :], tl.reshape(sd, [4, BC])[:, :, None], 0.)
         tl.store(s_buf + (d_row * HV + i_hv) * BT + d_col, _cast_for(Sd, s_buf, DT_ID), mask=m_d)
@@ -577,6 +579,28 @@ def chunk_interaction_kernel(
             tl.store(l_buf + (lo_row64 * HV + i_hv) * BT + lo_col64, L64, mask=lo_row64 < eos)
             tl.store(l_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=tl.float32),
                      mask=up_row64 < eos)
+    # where the blocks go: formed where they are stored (kept live across the forms, these index tiles took the
+    # registers the chunk form's wider key blocks need)
+    # the diagonal blocks' [4, 16, 16] indices
+    d_row = t0 + tl.arange(0, 4)[:, None, None] * BC + o_c[None, :, None]
+    d_col = tl.arange(0, 4)[:, None, None] * BC + o_c[None, None, :]
+    m_d = d_row < eos
+    # level 32's [2, 16, 16] output blocks: lower (later rows, earlier columns) and upper
+    u_blk32 = tl.arange(0, 2)[:, None, None] * 32
+    u_r32 = tl.arange(0, 16)[None, :, None]
+    u_c32 = tl.arange(0, 16)[None, None, :]
+    lo_row32 = t0 + u_blk32 + 16 + u_r32
+    lo_col32 = u_blk32 + u_c32
+    up_row32 = t0 + u_blk32 + u_r32
+    up_col32 = u_blk32 + 16 + u_c32
+    # level 64's [1, 32, 32] output blocks: lower (later rows, earlier columns) and upper
+    u_blk64 = 0
+    u_r64 = tl.arange(0, 32)[:, None]
+    u_c64 = tl.arange(0, 32)[None, :]
+    lo_row64 = t0 + u_blk64 + 32 + u_r64
+    lo_col64 = u_blk64 + u_c64
+    up_row64 = t0 + u_blk64 + u_r64
+    up_col64 = u_blk64 + 32 + u_c64
     # -- triangular_solve: (I + Diag(β)L')⁻¹, first the 4 diagonal blocks by forward substitution (batched)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
