@@ -88,9 +88,10 @@ def _numel(o: Operand) -> str:
 
 
 def _read_back_in_forward(plan: Plan, st: Stage, o: Operand) -> bool:
-    """Whether a forward launch other than the producer's loads `o` (a consumer fused into the producer's launch
-    takes it from registers), in some call: a stage a call may unfuse counts as its own launch (call_launch_of)."""
-    return any(call_launch_of(c) is None or call_launch_of(c) != call_launch_of(st)
+    """Whether a forward launch loads `o` from memory, in some call: one other than the producer's (a consumer fused
+    into the producer's launch takes it from registers, unless its `reads_back` names it), where a stage a call may
+    unfuse counts as its own launch (call_launch_of)."""
+    return any(call_launch_of(c) is None or call_launch_of(c) != call_launch_of(st) or o.name in (c.attr("reads_back") or ())
                for c in plan.stages() if o.name in c.inputs)
 
 

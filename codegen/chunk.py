@@ -264,6 +264,10 @@ FUSED_RULES = {
     ("state_pass", "output"): Launch("state_output", "chunk_state_output_kernel", "state", "chunk_state_output.jinja"),
     ("state_pass", "wy", "output"): Launch("state_output_wy", "chunk_state_output_wy_keep_kernel", "state",
                                            "chunk_state_output.jinja", frozenset({"wy_inside", "wy_stores"})),
+    # the per-channel tied family's wy at the end of the interaction (compiler/plan.py: _wy_in_interaction); the
+    # interaction's launch-table entry (its BV the Ũ part's value blocks)
+    ("interaction", "wy"): Launch("interaction", "chunk_interaction_wy_kernel", "chunk",
+                                  "chunk_interaction_vector.jinja", frozenset({"wy_inside"})),
 }
 # An inference forward's fused kernel with the wy stage formed inside it as well (the wy stage's inference_fused;
 # compiler/plan.py: wy_in_inference_state_pass): the same template with the `wy_inside` hook, its own kernel and
@@ -403,7 +407,8 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         # their own when unfused; the others (the solve in the interaction, ...) have no launch but the host's
         group = [st.kind for st in stages if launch_of(st) == host and (st.kind == host or st.kind in PER_CALL_GUESTS)]
         key = (host, *[k for k in group if k != host])
-        if host not in group or (len(group) > 1 and (unfused or key not in FUSED_RULES)):
+        # (`unfused` parts only the state pass's guests: the wy stage at the end of the interaction is no per-call form)
+        if host not in group or (len(group) > 1 and ((unfused and host == "state_pass") or key not in FUSED_RULES)):
             out += [rules[k] for k in group]
         else:
             out.append(FUSED_RULES[key] if len(group) > 1 else rules[host])
@@ -442,7 +447,7 @@ def unfused_form(plan: Plan) -> dict[str, list[str]]:
                             (inference_forward_launches(plan), INFERENCE_FUSED_RULES)):
         names = [la.name for la in launches]
         for fused in rules.values():
-            if unfused and fused.name in names:
+            if unfused and fused in launches:
                 out[fused.name] = [n for n in unfused if n not in names]
     assert all(len(v) >= 2 for v in out.values()), (plan.name, out)
     return out

@@ -44,7 +44,8 @@ CHUNK_FORM_KEY_BLOCK: int | None = None  # a fixed BKF for sweeps (benchmarks/ch
 
 
 def chunk_form_key_block(DK: int) -> int:
-    """BKF: the key block of the per-channel interaction's chunk form at key width DK."""
+    """BKF: the key block of the per-channel interaction's chunk form at key width DK (and of W's columns in the wy
+    stage where it runs at the interaction's end: compiler/plan.py _wy_in_interaction)."""
     width = CHUNK_FORM_KEY_BLOCK or 32
     return min(width, max(16, _next_pow2(DK)))
 

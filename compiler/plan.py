@@ -186,8 +186,9 @@ PER_CALL_GUESTS = ("wy", "output")
 
 
 def call_launch_of(st: Stage) -> str | None:
-    """launch_of(st), or the stage's own launch where a call may unfuse it (PER_CALL_GUESTS)."""
-    return st.kind if st.kind in PER_CALL_GUESTS else launch_of(st)
+    """launch_of(st), or the stage's own launch where a call may unfuse it from the state pass (PER_CALL_GUESTS; the wy
+    stage at the end of the interaction is not unfused by any call)."""
+    return st.kind if st.kind in PER_CALL_GUESTS and launch_of(st) in (st.kind, "state_pass") else launch_of(st)
 
 
 def launch_of(st: Stage) -> str | None:
@@ -660,13 +661,33 @@ def rule_wy(b: _Builder) -> None:
     row = "exclusive" if b.op("bx") else "inclusive"
     if b.family == "tied":
         inference = _wy_in_inference_state_pass(b)
+        fused = "state_pass" if inference and _wy_in_training_state_pass(b) else None
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
               row_decay=row, form="W = T(E*e^B), Ut = T Z",
               inference_fused="state_pass" if inference else None,
-              fused="state_pass" if inference and _wy_in_training_state_pass(b) else None)
+              fused="interaction" if _wy_in_interaction(b) else fused,
+              # in the interaction's launch T comes back through memory (its solve's blocks are in no product's layout)
+              reads_back=("Tm",) if _wy_in_interaction(b) else None)
     else:
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")
+
+
+# Whether the per-channel tied family forms W and Ũ at the end of the interaction's launch, from the T it has just
+# stored (read back by the same program) and the chunk's keys and gates, which that program loaded a moment before (L2,
+# not HBM): no wy launch, T, k and the fp32 gates not read again from HBM (~48 of the wy launch's ~104 KB per chunk
+# and head at dk = dv = 128). Per-channel decay has no fused state pass + output to form them in (_output_in_state_pass).
+# Only where one key tile serves as erase and write key (kda and its read corrections): with two (gdn2's gained erase
+# key, pkda's k̃ write key) the interaction kernel, at 255 registers already, spilled 24-40 B with the tail (compile
+# report, sm_90, dk = 128), which issue 9 does not allow.
+WY_IN_INTERACTION = True
+
+
+def _wy_in_interaction(b: _Builder) -> bool:
+    """Per-channel decay, tied family with the erase key the write key, inclusive erase rows, no residual route (its
+    wy stores (T − I) Z), while WY_IN_INTERACTION is on."""
+    return (WY_IN_INTERACTION and b.s.decay == "vector" and b.family == "tied" and b.op("ke") == b.op("kw")
+            and not residual_solve(b) and not b.op("bx"))
 
 
 def _wy_in_inference_state_pass(b: _Builder) -> bool:

@@ -51,6 +51,8 @@ BWD_KERNEL = {"bwd_local_values": "chunk_bwd_local_values_kernel", "bwd_state_pa
 def _fwd_kernel(host_stage: str, guests: set[str]) -> str:
     if host_stage == "state_pass" and "output" in guests:  # the output fused into the state pass: one kernel of both
         return "chunk_state_output_kernel"
+    if host_stage == "interaction" and "wy" in guests:  # W and Ũ at the end of the per-channel interaction
+        return "chunk_interaction_wy_kernel"
     return {"chunk_cumsum": "chunk_cumsum_kernel"}.get(host_stage, f"chunk_{host_stage}_kernel")
 
 
@@ -270,9 +272,14 @@ def test_every_allocated_buffer_is_a_launched_kernels_operand(name: str, launch_
         taken = set().union(*(mod._KERNEL_ARGS[k] for k in kernels))
         idle = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n not in taken)
         assert not idle, f"{name} {label}: allocated, taken by no launched kernel: {idle}"
-        if label == "forward":  # an inference call: every intermediate written is read by another kernel
+        if label == "forward":  # an inference call: every intermediate written is read by another kernel, or
+            # read back by its producer's own launch where the plan says so (a fused stage's `reads_back`)
+            plan = build_plan(rec.ir, 64, 16)
+            back = {BUFFER_OF[(p.kind, o)] for c in plan.stages() for o in (c.attr("reads_back") or ())
+                    for p in plan.stages() if o in p.output_names}
             once = sorted(n for n, t in bufs.items() if torch.is_tensor(t) and t.numel() > 1 and n.endswith("_buf")
-                          and n not in ("o_buf", "r_buf") and sum(n in mod._KERNEL_ARGS[k] for k in kernels) < 2)
+                          and n not in ("o_buf", "r_buf") and n not in back
+                          and sum(n in mod._KERNEL_ARGS[k] for k in kernels) < 2)
             assert not once, f"{name}: written by the inference forward, read by no other of its kernels: {once}"
 
 

@@ -57,7 +57,7 @@ SHIPPED = {
     "gdn": ["l2norm", "chunk_cumsum", "interaction", "wy", "state_output"],
     "cler_h_gdn": ["l2norm", "chunk_cumsum", "interaction", "wy", "state_output"],
     "pgdn": ["l2norm", "chunk_cumsum", "precond_diag", "interaction", "wy", "state_pass", "output"],
-    "kda": ["chunk_cumsum", "interaction", "wy", "state_pass", "output"],
+    "kda": ["chunk_cumsum", "interaction", "state_pass", "output"],  # wy at the interaction's end (_wy_in_interaction)
     "simple_gla": ["chunk_cumsum", "state_output"],
 }
 

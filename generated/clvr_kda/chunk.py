@@ -235,10 +235,11 @@ def chunk_cumsum_kernel(
 # One program per chunk and head, every tile and accumulator sized to what its level needs (the row-block form
 # before it: kda, dk = 128, sm_90, 2 warps, 255 registers + 64 B spill, 44 16×16 products per key block).
 @triton.jit
-def chunk_interaction_kernel(
-    p_beta, g_buf, t_buf, l_buf, s_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr,
-    HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    BKF: tl.constexpr, DT_ID: tl.constexpr, KEEP: tl.constexpr,
+def chunk_interaction_wy_kernel(
+    p_v, p_beta, g_buf, t_buf, l_buf, s_buf, w_buf, u_buf, kg_buf, qg_buf, pn_q, pn_k, cu_seqlens, chunk_indices,
+    H: tl.constexpr, HV: tl.constexpr, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr, DT_ID: tl.constexpr,
+    KEEP: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -536,40 +537,25 @@ def chunk_interaction_kernel(
              mask=lo_row64 < eos)
     tl.store(t_buf + (up_row64 * HV + i_hv) * BT + up_col64, tl.zeros([32, 32], dtype=t_buf.dtype.element_ty),
              mask=up_row64 < eos)
-# ---- stage wy: W = Ai (β ⊙ E ⊙ e^B), Ũ = Ai (β ⊙ Z)  (T = Ai Diag(β)) -----------------------------------------------------------------
-@triton.jit
-def chunk_wy_kernel(
-    p_v, p_beta, g_buf, t_buf, w_buf, u_buf, pn_k, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
-    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT_ID: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // G
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_tc = tl.load(chunk_indices + i_c * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    m_r = rows < eos
+    # -- stage wy (fused): W = Ai (β ⊙ E ⊙ e^B) and Ũ = Ai (β ⊙ Z), T read back as this program just stored it (the
+    #    wy stage's reads_back: its blocks sit in registers in a layout no [BT, BT] product takes, and assembling them
+    #    there cost the inference variant 16 B of spill), the key and gate tiles again (L2: this program loaded them
+    #    for the forms above), in key blocks of BKF; the barrier makes every thread's stores of T visible
+    tl.debug_barrier()
     b_T = tl.load(t_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_r[:, None], other=0.)
     _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
     b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + _b_beta_beta, 0.)
     b_eg = b_beta
-    for i_k in range(0, tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_e = tl.where(m_r[:, None] & m_k[None, :], tl.zeros([BT, BK], dtype=tl.float32) + _b_e_k, 0.)
-        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    for i_k in range(0, tl.cdiv(DK, BKF)):
+        o_kf = i_k * BKF + tl.arange(0, BKF)
+        m_kf = o_kf < DK
+        _b_e_k = tl.load(pn_k + (rows[:, None] * H + i_h) * DK + o_kf[None, :], mask=m_r[:, None] & m_kf[None, :], other=0.).to(tl.float32)
+        b_e = tl.where(m_r[:, None] & m_kf[None, :], tl.zeros([BT, BKF], dtype=tl.float32) + _b_e_k, 0.)
+        b_g = tl.load(g_buf + (rows[:, None] * HV + i_hv) * DK + o_kf[None, :], mask=m_r[:, None] & m_kf[None, :], other=0.)
         b_e = b_e * b_eg[:, None] * tl.exp2(b_g)
         b_w = _mm(b_T, b_e, DT_ID)
-        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
-                 mask=m_r[:, None] & m_k[None, :])
+        tl.store(w_buf + (rows[:, None] * HV + i_hv) * DK + o_kf[None, :], _round(b_w, DT_ID).to(w_buf.dtype.element_ty),
+                 mask=m_r[:, None] & m_kf[None, :])
     for i_v in range(0, tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
@@ -1341,8 +1327,7 @@ _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf",
 _KERNEL_ARGS = {
     'chunk_l2norm_kernel': ('p_q', 'p_k', 'pn_q', 'pn_k', 'TT', 'H', 'DK', 'BT', 'BK', 'DT_ID'),
     'chunk_cumsum_kernel': ('p_g', 'g_buf', 'cu_seqlens', 'chunk_indices', 'HV', 'G', 'DK', 'BT', 'BK'),
-    'chunk_interaction_kernel': ('p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'BT', 'BC', 'BK', 'BKF', 'DT_ID', 'KEEP'),
-    'chunk_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'w_buf', 'u_buf', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
+    'chunk_interaction_wy_kernel': ('p_v', 'p_beta', 'g_buf', 't_buf', 'l_buf', 's_buf', 'w_buf', 'u_buf', 'kg_buf', 'qg_buf', 'pn_q', 'pn_k', 'cu_seqlens', 'chunk_indices', 'H', 'HV', 'G', 'DK', 'DV', 'BT', 'BC', 'BK', 'BKF', 'BV', 'DT_ID', 'KEEP'),
     'chunk_state_pass_kernel': ('g_buf', 'w_buf', 'u_buf', 'kg_buf', 'h_buf', 'vn_buf', 's0', 's_out', 'cu_seqlens', 'chunk_offsets', 'S0_GIVEN', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID', 'STORE_FINAL', 'INTERPRET'),
     'chunk_output_kernel': ('p_v', 's_buf', 'qg_buf', 'h_buf', 'vn_buf', 'o_buf', 'r_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
     'chunk_bwd_local_values_kernel': ('s_buf', 'do_buf', 'dul_buf', 'cu_seqlens', 'chunk_indices', 'scale', 'HV', 'G', 'DK', 'DV', 'BT', 'BK', 'BV', 'DT_ID'),
@@ -1360,8 +1345,7 @@ def _kernels():
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk"),
+        ("interaction", chunk_interaction_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
         ("output", chunk_output_kernel, "output"),
     ]
@@ -1380,8 +1364,7 @@ def _rerun_kernels(kept, states=False, route=False):
     return [
         ("l2norm", chunk_l2norm_kernel, "rows"),
         ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-        ("interaction", chunk_interaction_kernel, "chunk"),
-        ("wy", chunk_wy_kernel, "chunk"),
+        ("interaction", chunk_interaction_wy_kernel, "chunk"),
         ("state_pass", chunk_state_pass_kernel, "state"),
     ]
 
@@ -1541,7 +1524,7 @@ class _Run:
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BC=BC,
-                      BKF=chunk_form_key_block(DK),  # the per-channel interaction's chunk form
+                      BKF=chunk_form_key_block(DK),  # the per-channel interaction's chunk form and wy tail
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
@@ -1824,8 +1807,7 @@ def _cp_kernels():
         "once": [
             ("l2norm", chunk_l2norm_kernel, "rows"),
             ("chunk_cumsum", chunk_cumsum_kernel, "chunk"),
-            ("interaction", chunk_interaction_kernel, "chunk"),
-            ("wy", chunk_wy_kernel, "chunk"),
+            ("interaction", chunk_interaction_wy_kernel, "chunk"),
         ],
         "aux": [
         ],

@@ -1814,7 +1814,7 @@ class _Run:
         """(kernel, grid, constant arguments and launch settings, tensor argument names) of each launch."""
         N, H, HV, HP, DK, DV, NT = self.N, self.H, self.HV, self.HP, self.DK, self.DV, self.NT
         consts = dict(scale=float(self.scale), TT=self.TT, H=H, HV=HV, HP=HP, G=HV // H, DK=DK, DV=DV, BT=BT, BTS=BTS, BC=BC,
-                      BKF=chunk_form_key_block(DK),  # the per-channel interaction's chunk form
+                      BKF=chunk_form_key_block(DK),  # the per-channel interaction's chunk form and wy tail
                       DT_ID=self.dt_id, STORE_FINAL=self.store_final,
                       STORE_ROUTE=self.route is not None, INTERPRET=self.interpret, KEEP=self.keep,
                       BLOCK_PTR=_BLOCK_PTR, R_GIVEN=self.r_given,
