@@ -16,7 +16,7 @@ ab() {
       [ $side = old ] && pp="$old" || pp="$new"
       echo "-- $side"
       PYTHONPATH="$pp" timeout 120 python3 benchmarks/bench_fla.py --systems kda --reps 3 --no-fla --profile 2>&1 \
-          | grep -v -i warn | grep -E "^kda|interaction|wy_kernel" | sed "s|$PWD||" | tail -4
+          | grep -v -i warn | grep -v "^ *$" | sed "s|$PWD||" | tail -5
     done
   done
 }
