@@ -122,8 +122,8 @@ def test_cp_stage_counts_gdn_kda() -> None:
     # there is no bwd_local_values; the state pass rerun has no output fused in, so the rerun is the output's own
     assert bwd == Counter(state_pass=1, bwd_state=2, bwd_solve=1, bwd_key_grads=1, bwd_inputs=1)
     fwd, bwd = _expected_counts("kda", continued=True, later=True)
-    # decay_keys runs inside the interaction's launch (compiler/plan.py: rule_decay_keys)
-    assert fwd == Counter(chunk_cumsum=1, interaction=1, wy=1, state_pass=2, output=1)
+    # decay_keys and wy run inside the interaction's launch (compiler/plan.py: rule_decay_keys, _wy_in_interaction)
+    assert fwd == Counter(chunk_cumsum=1, interaction=1, state_pass=2, output=1)
     assert bwd == Counter(state_pass=1, bwd_local_values=1, bwd_state=2, bwd_scores=1, bwd_intra=1, bwd_grads=1,
                           bwd_inputs=1)
     fwd, bwd = _expected_counts("kda", continued=False, later=True)  # rank 0: no transition, no d0
