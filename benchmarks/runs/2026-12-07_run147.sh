@@ -11,7 +11,7 @@
 nvidia-smi --query-gpu=name --format=csv,noheader
 ab() {
   new="$PYTHONPATH" old="${TMPDIR:-/tmp}/dgps_device/site:$PWD/.ab/oldpkg"
-  for i in 1 2; do
+  for i in $(seq ${AB_ROUNDS:-2}); do
     for side in old new; do
       [ $side = old ] && pp="$old" || pp="$new"
       echo "-- $side"
