@@ -25,16 +25,12 @@ from bench_fla import calls, fwd_bwd, make_inputs  # noqa: E402
 
 def _set_width(width: int) -> None:
     from dgps.codegen import launch
-    from dgps.runtime import launcher
+    from dgps.runtime import autotune
 
     launch.CHUNK_FORM_KEY_BLOCK = width
-    # launch lists, and the launcher's compiled kernels per list, are kept per call geometry, not per width
-    for mod in list(sys.modules.values()):
-        lists = getattr(mod, "_LAUNCH_LISTS", None)
-        if isinstance(lists, dict):
-            lists.clear()
-    launcher._COMPILED.clear()
-    launcher._LIST_NAMES.clear()
+    # a changed launch setting, as a tune is: the generated hosts form their call geometries (and so their launch
+    # lists and the launcher's compiled kernels per list) again
+    autotune.forget()
 
 
 def _interaction_ms(f) -> float:  # noqa: ANN001

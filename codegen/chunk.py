@@ -83,6 +83,7 @@ from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, TensorDecl, kernel_ir
 from ..compiler.plan import (
     PER_CALL_GUESTS,
+    PER_CALL_HOST,
     BackwardPlan,
     Plan,
     Stage,
@@ -407,8 +408,8 @@ def forward_launches(plan: Plan, kinds: tuple[str, ...] | None = None, names: tu
         # their own when unfused; the others (the solve in the interaction, ...) have no launch but the host's
         group = [st.kind for st in stages if launch_of(st) == host and (st.kind == host or st.kind in PER_CALL_GUESTS)]
         key = (host, *[k for k in group if k != host])
-        # (`unfused` parts only the state pass's guests: the wy stage at the end of the interaction is no per-call form)
-        if host not in group or (len(group) > 1 and ((unfused and host == "state_pass") or key not in FUSED_RULES)):
+        # (`unfused` parts only the per-call host's guests: the wy stage at the interaction's end is no per-call form)
+        if host not in group or (len(group) > 1 and ((unfused and host == PER_CALL_HOST) or key not in FUSED_RULES)):
             out += [rules[k] for k in group]
         else:
             out.append(FUSED_RULES[key] if len(group) > 1 else rules[host])

@@ -182,13 +182,14 @@ class Plan:
 # Stages fused into another's launch that a call may still run in launches of their own: the output in the state pass
 # (its unfused_when: few state programs), and the wy stage fused there with it (wy_in_training_state_pass). Codegen's
 # unfused form launches them alone; what passes between them then goes through memory (codegen/buffers.py).
+# (A stage of these kinds fused elsewhere, the wy stage at the end of the per-channel interaction, is no per-call form.)
+PER_CALL_HOST = "state_pass"
 PER_CALL_GUESTS = ("wy", "output")
 
 
 def call_launch_of(st: Stage) -> str | None:
-    """launch_of(st), or the stage's own launch where a call may unfuse it from the state pass (PER_CALL_GUESTS; the wy
-    stage at the end of the interaction is not unfused by any call)."""
-    return st.kind if st.kind in PER_CALL_GUESTS and launch_of(st) in (st.kind, "state_pass") else launch_of(st)
+    """launch_of(st), or the stage's own launch where a call may unfuse it from the state pass (PER_CALL_GUESTS)."""
+    return st.kind if st.kind in PER_CALL_GUESTS and launch_of(st) in (st.kind, PER_CALL_HOST) else launch_of(st)
 
 
 def launch_of(st: Stage) -> str | None:
@@ -661,13 +662,14 @@ def rule_wy(b: _Builder) -> None:
     row = "exclusive" if b.op("bx") else "inclusive"
     if b.family == "tied":
         inference = _wy_in_inference_state_pass(b)
-        fused = "state_pass" if inference and _wy_in_training_state_pass(b) else None
+        in_interaction = _wy_in_interaction(b)
+        fused = "interaction" if in_interaction else (
+            "state_pass" if inference and _wy_in_training_state_pass(b) else None)
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("ke"), "Z": b.op("z"), "brow": _brow(b)}, outs, family="tied",
               row_decay=row, form="W = T(E*e^B), Ut = T Z",
-              inference_fused="state_pass" if inference else None,
-              fused="interaction" if _wy_in_interaction(b) else fused,
+              inference_fused="state_pass" if inference else None, fused=fused,
               # in the interaction's launch T comes back through memory (its solve's blocks are in no product's layout)
-              reads_back=("Tm",) if _wy_in_interaction(b) else None)
+              reads_back=("Tm",) if in_interaction else None)
     else:
         b.add("wy", "wy", {"T": b.op("Tm"), "E": b.op("e"), "Aew": b.op("Aew"), "V": b.op("vp"), "brow": _brow(b)}, outs,
               family="untied", row_decay=row, form="W = -T(E*e^B), Ut = T Aew V'")

@@ -106,6 +106,7 @@ def test_chunk_form_over_several_key_blocks(name: str, monkeypatch: pytest.Monke
     chunk form taken): the output and final state meet the float64 reference, and the loop's width changes the
     summation order only (so every block was added)."""
     from dgps.codegen import launch
+    from dgps.runtime import autotune
 
     rec = dgps.load(SPECS / f"{name}.dgps")
     x = {k: v.float() for k, v in rec.random_inputs(1, 100, 1, 40, 40, 2, seed=4).items()}
@@ -117,8 +118,8 @@ def test_chunk_form_over_several_key_blocks(name: str, monkeypatch: pytest.Monke
     for width in (16, 64):
         monkeypatch.setattr(launch, "CHUNK_FORM_KEY_BLOCK", width)
         monkeypatch.setattr(plan_module, "VECTOR_DIAG_FORM", "chunk")
+        autotune.forget()  # a changed launch setting: the hosts form their call geometries and launch lists again
         mod = load_chunk(rec.ir)
-        monkeypatch.setattr(mod, "_LAUNCH_LISTS", {})  # launch lists are kept per call geometry, not per BKF
         outs[width] = out = mod.chunk_forward(x, output_final_state=True)
         assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"]) <= 1e-5, width
     assert not torch.equal(outs[16].o, outs[64].o)

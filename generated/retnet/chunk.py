@@ -960,7 +960,7 @@ class _Run:
                 __name__, self.N, self.NT, self.TT, self.H, self.HV, self.HP, self.DK, self.DV, float(self.scale),
                 self.dt_id, self.store_final, self.interpret, self.keep, self.nkp, self.nkg, self.nkc,
                 self.route is not None, self.r_given, self.device, tuple(LAUNCH_OVERRIDES.items()),
-                os.environ.get("DGPS_TUNED", "") != "0")
+                os.environ.get("DGPS_TUNED", "") != "0", tuning_generation())  # a tune here: new launch settings
         # S0_GIVEN, DS_FIN_GIVEN: whether the launches read an initial state S and a final-state adjoint, or start
         # from zero (where none was given the placeholder stands in, and no zeros are formed)
         return geometry, tuple(k[0] for k in kernels), self.s0_given, self.ds_fin_given
