@@ -534,6 +534,19 @@ def _backward_context(ir: IR, em: _Emitter, plan: Plan) -> dict:
                 backward_buffer_code=make_code(backward_buffers(bplan)))
 
 
+ROUTE_HOOKS = {"none": "chunk_route_none.jinja", "value": "chunk_route_value.jinja",
+               "residual": "chunk_route_residual.jinja"}
+
+
+def route_hook(plan: Plan) -> str:
+    """The route's hook file: where the route enters the chunk kernels (its store, its adjoint, and for the residual
+    route the solve's form, which the plan decides: compiler/plan.py residual_solve)."""
+    route = plan.structure.route
+    if (route == "residual") != residual_solve(plan):
+        raise AssertionError(f"{plan.name}: the residual route's hook is its solve form, and only then")
+    return ROUTE_HOOKS[route]
+
+
 def backward_reads_l(plan: Plan) -> bool:
     """Whether a stage of the backward plan reads L' back (the plan decides; bwd_solve re-forms it elsewhere)."""
     bp = build_backward_plan(plan)
@@ -793,9 +806,10 @@ def _context(ir: IR) -> dict:
         # undecayed state S_{t-1}, else b_t
         row_exclusive=st.erase_reads == "undecayed",
         route=ir.route,
-        # the residual route through the solve's form (compiler/plan.py: residual_solve): T = (I + L' Diag(β))⁻¹, no
-        # β in wy, R = Ũ − W H_n the route and U = β ⊙ R in the state pass
-        gain_cols=residual_solve(plan),
+        # the route's hook file (chunk_route_<route>.jinja, the same macros in each): every kernel the route touches
+        # calls it where the route enters; the residual route takes the solve's form there (compiler/plan.py:
+        # residual_solve: T = (I + L' Diag(β))⁻¹, no β in wy, R = Ũ − W H_n the route and U = β ⊙ R)
+        route_hook=route_hook(plan),
         # and a training step's rerun of the state pass takes R from the forward's route output (rerun_reads_route)
         route_feeds_rerun=rerun_reads_route(plan),
         # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept);

@@ -494,7 +494,8 @@ def chunk_state_output_kernel(
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u += b_z  # wy stored (T − I) Z
-            # the residual route through the solve's form: R = Ũ − W H_n is the route itself; U = β ⊙ R
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve)
             tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
             b_beta = _b_beta_beta
@@ -573,7 +574,8 @@ def chunk_state_output_kernel(
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
             b_u += b_z  # wy stored (T − I) Z
-            # the residual route through the solve's form: R = Ũ − W H_n is the route itself; U = β ⊙ R
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve)
             tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
             b_beta = _b_beta_beta
@@ -697,8 +699,8 @@ def chunk_state_pass_kernel(
                 b_z = _b_z_v
                 b_u += b_z  # wy stored (T − I) Z
                 tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
             if STORE_ROUTE:
                 tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
@@ -770,8 +772,8 @@ def chunk_state_pass_kernel(
                 b_z = _b_z_v
                 b_u += b_z  # wy stored (T − I) Z
                 tl.store(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
             if STORE_ROUTE:
                 tl.store(r_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
@@ -1082,7 +1084,7 @@ def chunk_bwd_solve_kernel(
     _b_beta_beta = tl.load(p_beta + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.).to(tl.float32)
     b_beta = _b_beta_beta
     b_ai = tl.load(t_buf + t0 * (HV * BT) + (((o_t)[:, None] * HV + i_hv) * BT + o_t[None, :]), mask=m_r[:, None], other=0.)
-    b_ais = tl.where(m_lt, b_ai, 0.).to(b_ai.dtype)  # T − I
+    b_ai = tl.where(o_t[:, None] > o_t[None, :], b_ai, 0.).to(b_ai.dtype)  # T − I: T's identity is applied in fp32
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dm = tl.zeros([BT, BT], dtype=tl.float32)
     b_dyz = tl.zeros([BT], dtype=tl.float32)
@@ -1098,7 +1100,7 @@ def chunk_bwd_solve_kernel(
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
         # T is unit lower triangular: its identity applied in fp32 (dR reaches dZ unrounded)
         b_v = b_du * b_beta[:, None] + b_dr
-        b_dy = b_v + _mm(tl.trans(b_ais), b_v, DT_ID)
+        b_dy = b_v + _mm(tl.trans(b_ai), b_v, DT_ID)
         tl.store(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), _cast_for(b_dy, dy_buf, DT_ID), mask=m_rv)
         b_dm += _mm(b_dy, tl.trans(b_r), DT_ID)
         b_dyz += tl.sum(b_du * b_r, 1)
@@ -1182,7 +1184,8 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
-        b_u = b_u * b_beta[:, None]  # vn_buf holds R, the route (compiler/plan.py: residual_solve): U = β ⊙ R
+        b_r = b_u  # vn_buf holds R, the route (compiler/plan.py: residual_solve); U = β ⊙ R
+        b_u = b_r * b_beta[:, None]
         b_dy = tl.load(dy_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)

@@ -661,8 +661,8 @@ def chunk_state_pass_kernel(
                 b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
                 b_u += b_z  # wy stored (T − I) Z
                 tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
             if STORE_ROUTE:
                 tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
@@ -732,8 +732,8 @@ def chunk_state_pass_kernel(
                 b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
                 b_u += b_z  # wy stored (T − I) Z
                 tl.store(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(vn_buf.dtype.element_ty), mask=m_rv)
-            # the residual route through the solve's form: b_u is R = Ũ − W H_n (what vn_buf holds), the route itself;
-            # U = β ⊙ R (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
+            # the residual route through the solve's form: b_u is R = Ũ − W H_n, the route itself; U = β ⊙ R
+            # (compiler/plan.py: residual_solve). The backward's rerun reads R from vn_buf: no route stored
             if STORE_ROUTE:
                 tl.store(r_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], _round(b_u, DT_ID).to(r_buf.dtype.element_ty), mask=m_rv)
             _b_beta_beta = tl.load(p_beta + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
@@ -1263,7 +1263,8 @@ def chunk_bwd_grad_kernel(
         b_dh = tl.load(dh_buf + p_h + o_k[:, None] * DV + o_v[None, :], mask=m_h, other=0.).to(tl.float32)
         b_do = tl.load(do_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_u = tl.load(vn_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
-        b_u = b_u * b_beta[:, None]  # vn_buf holds R, the route (compiler/plan.py: residual_solve): U = β ⊙ R
+        b_r = b_u  # vn_buf holds R, the route (compiler/plan.py: residual_solve); U = β ⊙ R
+        b_u = b_r * b_beta[:, None]
         b_dy = tl.load(dy_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)

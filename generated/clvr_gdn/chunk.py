@@ -408,7 +408,7 @@ def chunk_wy_kernel(
 # ---- stages state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
 #   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
 #     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = Ũ − W H_n;  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
-#     O = scale [e^B ⊙ (Q̂ H_n) + S U];  route = Z
+#     O = scale [e^B ⊙ (Q̂ H_n) + S U]; route = Z
 #   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
 #   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
 #   state pass holds it. Rounding as in the two launches it replaces: the matmuls round H_n and U to the input dtype
@@ -818,7 +818,7 @@ def chunk_output_kernel(
 # ---- stages wy + state_pass + output, one launch (FlashQLA's fused forward): sequential over the chunks of a sequence,
 #   per (sequence, value head, BV value columns); H_n never leaves registers and U is not stored:
 #     S = tril(Q̂ Aᵀ ⊙ e^{b_i − b_j});  U = T (β ⊙ (Z − (E ⊙ e^B) H_n)) (= Ũ − W H_n; W and Ũ never stored);  H_{n+1} = e^{b_c} H_n + (A ⊙ e^{b_c − B})ᵀ U
-#     O = scale [e^B ⊙ (Q̂ H_n) + S U];  route = Z
+#     O = scale [e^B ⊙ (Q̂ H_n) + S U]; route = Z
 #   The scores S span the full key width and do not depend on H: every value block of a chunk re-forms them (the
 #   price of keeping H_n in registers). H_n is held as up to 2 tiles of BK key rows (b_h0, b_h1, ...), as the
 #   state pass holds it. Rounding as in the two launches it replaces: the matmuls round H_n and U to the input dtype
