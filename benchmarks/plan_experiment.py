@@ -91,7 +91,24 @@ def _no_route_rerun(plan) -> Callable:  # noqa: ANN001
     return lambda p: False if p.name.endswith("__no_route_rerun") else shipped(p)
 
 
+def _fused_cumsum(plan) -> Callable:  # noqa: ANN001
+    """The per-channel chunk cumsum at the start of the interaction's launch (compiler/plan.py: _cumsum_in_interaction,
+    CUMSUM_IN_INTERACTION off in the shipped plan after run 150), for the renamed spec."""
+    shipped = plan._cumsum_in_interaction
+
+    def rule(b, exclusive: bool) -> bool:  # noqa: ANN001
+        if not b.ir.name.endswith("__fused_cumsum") or plan.CUMSUM_IN_INTERACTION:
+            return shipped(b, exclusive)
+        plan.CUMSUM_IN_INTERACTION = True
+        try:
+            return shipped(b, exclusive)
+        finally:
+            plan.CUMSUM_IN_INTERACTION = False
+    return rule
+
+
 PATCHES = {"fuse_output": ("_output_in_state_pass", _fuse_output),
+           "fused_cumsum": ("_cumsum_in_interaction", _fused_cumsum),
            "no_route_rerun": ("_route_in_rerun", _no_route_rerun),
            "no_inference_wy": ("_wy_in_inference_state_pass", _no_inference_wy),
            "keep_scores": ("_scores_kept", _keep_scores),

@@ -891,6 +891,8 @@ def _context(ir: IR) -> dict:
     ctx.update(inline_scores=bool(plan.stage("output").attr("inline_scores")), decay_keys=bool(plan.find("decay_keys")))
     # decay_keys run inside the interaction's launch (the plan decides): its Kg and Qg come from the scores' tiles
     ctx["decay_keys_in_interaction"] = any(launch_of(st) == "interaction" for st in plan.find("decay_keys"))
+    # and the chunk cumsum at its start (compiler/plan.py: _cumsum_in_interaction)
+    ctx["cumsum_in_interaction"] = any(launch_of(st) == "interaction" for st in plan.find("chunk_cumsum"))
     # without a decay the scalar interaction's block merges are tf32x3 products (chunk_interaction.jinja)
     ctx["tf32x3_merges"] = bool(plan.find("interaction")) and not decay_hook(ir.decay.kind).decays
     inter = plan.stage("interaction") if plan.find("interaction") else None

@@ -101,8 +101,9 @@ class Decay:
         """The gate tile's channel side for the spec's expression emitter: "key" per channel, None per token."""
         return "key" if self.per_channel else None
 
-    def store(self, var: str, rows: str, mask: str) -> str:
-        """Store `var` as the chunk cumsum b at `rows` (the chunk_cumsum stage); OMIT without a decay."""
+    def store(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
+        """Store `var` as the chunk cumsum b at `rows` (the chunk_cumsum stage; per channel over o_<keys>); OMIT without
+        a decay."""
         return OMIT
 
     def load(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
@@ -159,7 +160,7 @@ class ScalarDecay(Decay):
     def load_last(self, var: str = "b_gl", last: str = "last", keys: str = "k") -> str:
         return f"{var} = tl.load(g_buf + {last} * HV + i_hv)"
 
-    def store(self, var: str, rows: str, mask: str) -> str:
+    def store(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
         return f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv')}, {var}, mask={mask})"
 
     def rows(self, g: str) -> str:
@@ -212,9 +213,9 @@ class VectorDecay(Decay):
     def load_last(self, var: str = "b_gl", last: str = "last", keys: str = "k") -> str:
         return f"{var} = tl.load(g_buf + ({last} * HV + i_hv) * DK + o_{keys}, mask=m_{keys}, other=0.)"
 
-    def store(self, var: str, rows: str, mask: str) -> str:
-        return (f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', 'o_k')}, {var}, "
-                f"mask={mask}[:, None] & m_k[None, :])")
+    def store(self, var: str, rows: str, mask: str, keys: str = "k") -> str:
+        return (f"tl.store(g_buf + {row_offset(rows, 'HV', 'i_hv', 'DK', f'o_{keys}')}, {var}, "
+                f"mask={mask}[:, None] & m_{keys}[None, :])")
 
     def rows(self, g: str) -> str:
         return f"tl.exp2({g})"

@@ -384,7 +384,8 @@ def rule_chunk_cumsum(b: _Builder) -> None:
         outs = [b.new("b", _shape("B", "T", "HV", vec), "fp32")]
         if exclusive:
             outs.append(b.new("bx", _shape("B", "T", "HV", vec), "fp32"))
-        b.add("cumsum_g", "chunk_cumsum", {"g": g}, outs, decay=b.s.decay, exclusive=exclusive, log2=True)
+        fused = {"fused": "interaction"} if _cumsum_in_interaction(b, exclusive) else {}
+        b.add("cumsum_g", "chunk_cumsum", {"g": g}, outs, decay=b.s.decay, exclusive=exclusive, log2=True, **fused)
     gP = b.op("gP")
     if gP is not None:
         d = b.ir.precond.diag
@@ -393,6 +394,29 @@ def rule_chunk_cumsum(b: _Builder) -> None:
               [b.new("bP", _shape("B", "T", "H" if d.heads == "key" else "HV"), "fp32")],
               decay="scalar", exclusive=False, log2=True,
               fused="precond_diag")  # the statistic's scan accumulates its own decay
+
+
+# The per-channel chunk cumsum formed at the start of the interaction's launch (_cumsum_in_interaction): off, measured
+# no faster (run 150).
+CUMSUM_IN_INTERACTION = False
+
+
+def _cumsum_in_interaction(b: _Builder, exclusive: bool) -> bool:
+    """Whether the interaction's launch forms the per-channel chunk cumsum b itself, before its forms, and stores it
+    for them and for the later stages: the cumsum's own launch read the fp32 log-gates and wrote b, which the
+    interaction then read again (kda: a 0.075 ms launch of the 0.93 ms forward, H100, B = 4, T = 4096, H = 16, dk =
+    128), all bandwidth. The forms read b back at their reference rows after a barrier (L2: this program just
+    stored it). Only where the interaction is the cumsum's first consumer and no launch sits between them (no
+    preconditioner or curvature statistic), in the one-output form (no exclusive b_(t−1)), and for the families whose
+    interaction is the per-channel template (tied and additive).
+    Measured (run 150, H100, that shape, benchmarks/plan_experiment.py --patch fused_cumsum): the interaction grew by
+    what the launch cost — kda 0.731 → 0.800 ms against the cumsum's 0.077, gdn2 0.583 → 0.663 against 0.075; the
+    forwards 1.072 / 1.073 and 1.163 / 1.159 ms. The prologue (load, scan, store, barrier) runs before each program's
+    forms with nothing to hide it (255 registers: one or two programs per SM), where the cumsum's own launch streams at
+    HBM's rate; the compile report also showed 8-16 B of spill in kda's training variant. So CUMSUM_IN_INTERACTION is
+    off; the form stays for the next kernel shape that might hide it."""
+    return (CUMSUM_IN_INTERACTION and b.s.decay == "vector" and b.family in ("tied", "additive") and not exclusive
+            and b.s.precond == "none" and b.s.read == "none")
 
 
 def _precond_output(b: _Builder) -> Operand:
@@ -1619,11 +1643,13 @@ class MemoryDecision:
 
 def stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     """Whether a forward stage's output exists in memory at all. Not where it is evaluated on its consumers' loads or
-    accumulated inside its consumer's scan (the statistic's decay cumsum); not the exclusive cumsum b_(t-1) (the
+    accumulated inside its consumer's scan (the statistic's decay cumsum; the decay's cumsum formed at the start of
+    the interaction's launch is stored there: _cumsum_in_interaction); not the exclusive cumsum b_(t-1) (the
     kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
     no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_solve re-forms
     a scalar-decay L' from the keys); not a final state (a result)."""
-    if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused")) or o.dims[0] == "N":
+    if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused") == "precond_diag") or \
+            o.dims[0] == "N":
         return False
     if st.kind == "chunk_cumsum" and o is not st.outputs[0]:
         return False

@@ -154,6 +154,28 @@ def test_gradients_through_the_bounded_forms(name: str, form: str, monkeypatch: 
         assert _rel(got[k], w) <= 1e-5, (k, _rel(got[k], w))
 
 
+@pytest.mark.parametrize("name", ["kda", "gla"])
+def test_the_cumsum_formed_in_the_interaction(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compiler/plan.py CUMSUM_IN_INTERACTION (off: run 150 measured it no faster) still builds a correct module: no
+    cumsum launch, the interaction's launch forms and stores b, and the output, the final state and every gradient
+    (the backward reads the stored b) match float64 autograd through the reference."""
+    monkeypatch.setattr(plan_module, "CUMSUM_IN_INTERACTION", True)
+    rec = dgps.load(SPECS / f"{name}.dgps")
+    assert plan_module.launch_of(plan_module.build_plan(rec.ir, 64, 16).stage("cumsum_g")) == "interaction"
+    x = _inputs(rec, 100, ((0, 64, 0.05),), seed=7)
+    do = torch.randn(1, 100, 2, 32, generator=torch.Generator().manual_seed(8))
+    x64 = {k: v.double().requires_grad_() for k, v in x.items()}
+    ref = rec.reference(output_final_state=True, **x64)
+    want = torch.autograd.grad((ref.o * do.double()).sum(), list(x64.values()))
+    mod = load_chunk(rec.ir)
+    assert not hasattr(mod, "chunk_cumsum_kernel")
+    out = mod.chunk_forward(x, output_final_state=True)
+    assert _rel(out.o, ref.o) <= 1e-5 and _rel(out.final_state["S"], ref.final_state["S"].detach()) <= 1e-5
+    _, kept = mod.chunk_forward_train(x)
+    got, _ = mod.chunk_backward(x, do=do, kept=kept)
+    for (k, _), w in zip(x64.items(), want, strict=True):
+        assert _rel(got[k], w) <= 1e-5, (k, _rel(got[k], w))
+
 
 def _untied(name: str) -> dgps.Recurrence:
     return dgps.load(SPECS / f"{name}.dgps" if name == "rwkv7_dplr" else SPECS.parent / "tests" / f"{name}.dgps")
