@@ -11,9 +11,10 @@ and recomputed stages decide what a training forward returns and what the backwa
 templates through hooks: `decay_hook` (codegen/decay.py) for the decay kind — every decay factor, the chunk's gate
 loads and the log-gate gradient's per-kind steps, with "" for a factor and an OMIT line (dropped by render_chunk) for
 a statement that no decay needs —, bwd_grads' pair-source hook files (chunk_bwd_pairs_{fused,solve,intra}.jinja, the
-same macros in each: where the score pairs' gradients come from) and `_Emitter` for the spec's expressions on tile
-loads. Launch settings (BK, BV, warps, stages) come from the per-stage table in codegen/launch.py; every kernel takes
-only the parameters its body uses.
+same macros in each: where the score pairs' gradients come from), the route's hook files
+(chunk_route_{none,value,residual}.jinja, chosen by `route_hook`: the route's store and adjoint, and the residual
+route's form of the solve) and `_Emitter` for the spec's expressions on tile loads. Launch settings (BK, BV, warps,
+stages) come from the per-stage table in codegen/launch.py; every kernel takes only the parameters its body uses.
 `runtime.compile.load_chunk(ir)` writes that source to a cache directory and imports it (Triton needs real
 source files). `supports_chunk(ir)` says whether this generator handles a spec, and why not.
 

@@ -1,0 +1,57 @@
+"""The route's hook files (codegen/templates/chunk_route_{none,value,residual}.jinja, codegen/chunk.py route_hook):
+the same macros in each, one per hook point, so that a template renders for every route; the plan picks the file;
+and a spec without a route renders what the value route leaves out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import jinja2.nodes
+import pytest
+
+import dgps
+from dgps.codegen.chunk import BC, BT, ROUTE_HOOKS, render_chunk, route_hook
+from dgps.codegen.jinja_env import TEMPLATES, template_env
+from dgps.compiler.plan import build_plan
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+def _exported(name: str) -> set[str]:
+    """The names a hook file defines at its top level (macros, and the value file's names set from the plain one's)."""
+    tree = template_env().parse((TEMPLATES / name).read_text())
+    names = {m.name for m in tree.find_all(jinja2.nodes.Macro)}
+    names |= {a.target.name for a in tree.find_all(jinja2.nodes.Assign) if isinstance(a.target, jinja2.nodes.Name)}
+    return names
+
+
+def test_every_hook_file_defines_the_same_hooks() -> None:
+    files = {route: _exported(name) for route, name in ROUTE_HOOKS.items()}
+    assert len(files["none"]) >= 20
+    for route, names in files.items():
+        assert names == files["none"], (route, sorted(names ^ files["none"]))
+
+
+def test_the_kernel_templates_name_no_route() -> None:
+    """No kernel template branches on the route or on the residual route's solve form: the hooks carry both."""
+    for path in sorted(TEMPLATES.glob("chunk_*.jinja")):
+        if path.name.startswith("chunk_route_") or path.name in ("chunk_host.jinja", "chunk_module.jinja"):
+            continue
+        text = path.read_text()
+        assert "route ==" not in text and "route !=" not in text and "gain_cols" not in text, path.name
+
+
+@pytest.mark.parametrize("spec, route", [("gdn", "none"), ("clvr_gdn", "value"), ("clvr_kda", "value"),
+                                         ("cler_h_gdn", "residual"), ("cler_h_kda", "residual")])
+def test_the_plan_picks_the_hook(spec: str, route: str) -> None:
+    ir = dgps.load(SPECS / f"{spec}.dgps").ir
+    assert route_hook(build_plan(ir, BT, BC)) == f"chunk_route_{route}.jinja"
+
+
+def test_the_value_route_adds_its_store_and_its_adjoint() -> None:
+    """clvr_gdn is gdn plus the value route: its module stores r and reads dR where gdn's does neither."""
+    plain, routed = (render_chunk(dgps.load(SPECS / f"{n}.dgps").ir) for n in ("gdn", "clvr_gdn"))
+    assert "tl.store(r_buf" not in plain and "tl.store(r_buf" in routed
+    assert "tl.load(dr_buf" not in plain and "tl.load(dr_buf" in routed
+
