@@ -769,7 +769,6 @@ def chunk_output_kernel(
     _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
     b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
     b_u = b_z
-
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     # the key channels in BK-wide blocks: O += Q̂_k H_n[k]
     for i_k in range(0, tl.cdiv(DK, BK)):
@@ -956,7 +955,6 @@ def chunk_bwd_scores_kernel(
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_u = b_z
-
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
     tl.store(dsq_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], tl.where(m_le, b_ds * scale, 0.), mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
@@ -1120,7 +1118,6 @@ def chunk_bwd_grad_kernel(
         _b_z_v = tl.load(p_v + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = tl.where(m_r[:, None] & m_v[None, :], tl.zeros([BT, BV], dtype=tl.float32) + _b_z_v, 0.)
         b_u = b_z
-
         b_du = tl.load(du_buf + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_das += _mm(b_u, tl.trans(b_dh), DT_ID)

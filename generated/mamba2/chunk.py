@@ -264,10 +264,10 @@ def chunk_state_output_kernel(
             b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
-            b_u = b_z * b_beta[:, None]
+            _b_zb_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
+            b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
+            b_u = b_z * b_zb[:, None]
             # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
             # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
             # a per-token factor scales U's rows once, not each key block's rows of A
@@ -327,10 +327,10 @@ def chunk_state_output_kernel(
             b_s = _round(b_s, DT_ID).to(o_buf.dtype.element_ty)
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
-            b_u = b_z * b_beta[:, None]
+            _b_zb_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
+            b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
+            b_u = b_z * b_zb[:, None]
             # H_{n+1} before the output's product with U: the loop-carried chain H_n → U → H_{n+1} ends as early as the
             # chunk allows, and what is left of the step (S U, the store of O) depends on nothing the next step writes
             # a per-token factor scales U's rows once, not each key block's rows of A
@@ -408,10 +408,10 @@ def chunk_state_pass_kernel(
 
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
-            b_u = b_z * b_beta[:, None]
+            _b_zb_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
+            b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
+            b_u = b_z * b_zb[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -443,10 +443,10 @@ def chunk_state_pass_kernel(
 
             _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
             b_z = _b_z_v
-            _b_beta_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-            _b_beta_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
-            b_beta = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_beta_a + _b_beta_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_beta_a + _b_beta_dt_bias))))), 0.)
-            b_u = b_z * b_beta[:, None]
+            _b_zb_a = tl.load(p_a + rows * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+            _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
+            b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
+            b_u = b_z * b_zb[:, None]
             last = t0 + tl.minimum(eos - t0, BT) - 1
             b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
             b_gl = tl.load(g_buf + last * HV + i_hv)
@@ -496,7 +496,6 @@ def chunk_output_kernel(
     _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
     b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
     b_u = b_z * b_zb[:, None]
-
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
@@ -721,7 +720,6 @@ def chunk_bwd_grad_kernel(
         _b_zb_dt_bias = tl.load(p_dt_bias + i_hv).to(tl.float32)
         b_zb = tl.where(m_r, tl.zeros([BT], dtype=tl.float32) + (tl.maximum((_b_zb_a + _b_zb_dt_bias), 0.0) + tl.log(1.0 + tl.exp(-tl.abs((_b_zb_a + _b_zb_dt_bias))))), 0.)
         b_u = b_z * b_zb[:, None]
-
         b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)

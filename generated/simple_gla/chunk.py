@@ -475,7 +475,6 @@ def chunk_output_kernel(
     _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
     b_z = _b_z_v
     b_u = b_z
-
     b_g = tl.load(g_buf + t0 * HV + ((o_t) * HV + i_hv), mask=m_r, other=0.)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
@@ -693,7 +692,6 @@ def chunk_bwd_grad_kernel(
         _b_z_v = tl.load(p_v + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)
         b_z = _b_z_v
         b_u = b_z
-
         b_du = tl.load(du_buf + t0 * (HV * DV) + (((o_t)[:, None] * HV + i_hv) * DV + o_v[None, :]), mask=m_rv, other=0.).to(tl.float32)
         b_dqh += _mm(b_do, tl.trans(b_h), DT_ID)
         b_ds += _mm(b_do, tl.trans(b_u), DT_ID)
