@@ -109,7 +109,15 @@ from ..compiler.plan import (
 )
 from . import launch as launch_settings
 from .address import ROWS, partial_row, row_offset
-from .buffers import allocation_code, backward_buffers, kept_buffers, kept_state_buffers, make_code, token_buffers
+from .buffers import (
+    BWD_BUFFER_OF,
+    allocation_code,
+    backward_buffers,
+    kept_buffers,
+    kept_state_buffers,
+    make_code,
+    token_buffers,
+)
 from .decay import OMIT, decay_hook
 from .ir_source import ir_source
 from .jinja_env import template_env
@@ -899,6 +907,8 @@ def _context(ir: IR) -> dict:
     inter = plan.stage("interaction") if plan.find("interaction") else None
     ctx.update(diag_blocks=inter and inter.attr("diag_blocks"), DIAG_RANGE_LOG2=inter and inter.attr("diag_range_log2"))
     ctx["pair_mats"] = _pair_matrices(inter, rl, ctx["q_sym"], ctx["pair_mm"]) if decay == "vector" and not untied else []
+    # bwd_intra's pair gradients over the same matrices (chunk_bwd_intra.jinja)
+    ctx["intra_pairs"] = _intra_pairs(inter, rl, ctx["q_sym"]) if decay == "vector" and not untied else []
     # the PDN statistic's scans step over scan_rows tokens (whole chunks) at a time, forward and backward
     ctx.update(BTS=plan.stage("precond_diag").attr("scan_rows") if plan.find("precond_diag") else BT,
                partial_offset=PRECOND_PARTIAL)
@@ -1244,6 +1254,60 @@ def _pair_matrices(inter: Stage | None, rl: _Roles, q_sym: sp.Symbol, pair_mm: s
         raise NotImplementedError(f"the per-channel interaction template forms E ⋆ A and Q ⋆ A; the plan asks for "
                                   f"{[m[:3] for m in mats]}")
     return [_PairMatrix(*by_row[rows]) for _, rows, _, _ in mats]
+
+
+@dataclass(frozen=True)
+class _IntraPair:
+    """One decayed score matrix M = X ⋆ A of the per-channel interaction (the plan's interaction `matrices`) as
+    bwd_intra takes its pair gradients from its adjoint dM (bwd_scores' [T, HV, BT] rows in `buf`): dX += dM (A ⊙
+    decay), dA += dMᵀ (X ⊙ decay), over the pairs j ≤ t (`strict`: j < t). `key` names dM's tiles (b_<key>c / b_<key>r
+    in the token loop, b_d<key>d on the diagonal block, b_d<key>b off it), `row` the row operand X's (b_<row>,
+    b_<row>s, b_<row>j), whose adjoint is `adj`."""
+
+    key: str
+    buf: str
+    row: str
+    expr: sp.Expr
+    strict: bool
+
+    @property
+    def adj(self) -> str:
+        return f"b_d{self.row}"
+
+    @property
+    def acc(self) -> str:
+        """The product accumulator of the blocks J < I (`adj` takes it, decayed, after the loop over J)."""
+        return f"b_ac{self.row}"
+
+    @property
+    def share_buf(self) -> str:
+        """Where bwd_grads reads the pair share of `adj` (fp32 [T, HV, dk] rows)."""
+        return f"p{self.row}_buf"
+
+    @property
+    def words(self) -> str:
+        return "j < t of E ⋆⁻ A (dL')" if self.strict else "j ≤ t of Q̂ ⋆ A (dS)"
+
+    @property
+    def diag_mask(self) -> str:
+        """The diagonal block's pairs of M (rows t, columns s of the block: s ≤ t, or s < t)."""
+        return "(o_c[:, None] > o_c[None, :])" if self.strict else "m_le"
+
+
+def _intra_pairs(inter: Stage | None, rl: _Roles, q_sym: sp.Symbol) -> list[_IntraPair]:
+    """bwd_intra's matrices: the output's scores S = Q̂ ⋆ A first, then a delta solve's L' = E ⋆⁻ A — the order of its
+    fp32 sums (the token loop's and the diagonal block's dA, the later blocks' accumulator), as they were measured."""
+    if inter is None:
+        return []
+    rows = {"Q": ("q", q_sym), "E": ("e", rl.erase_key)}
+    pairs = []
+    for name, x, cols, pairs_of in inter.attr("matrices"):
+        if x not in rows or cols != "A" or name not in ("Sqa", "L"):
+            raise NotImplementedError(f"bwd_intra takes the gradients of Q ⋆ A and E ⋆ A; the plan has {name} = {x} ⋆ "
+                                      f"{cols}")
+        pairs.append(_IntraPair("s" if name == "Sqa" else "l", BWD_BUFFER_OF[("bwd_scores", f"d{name}")], rows[x][0],
+                                rows[x][1], pairs_of == "strict"))
+    return sorted(pairs, key=lambda p: p.strict)
 
 
 def _ir_comment(ir: IR) -> str:

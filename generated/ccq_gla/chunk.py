@@ -1020,7 +1020,8 @@ def chunk_bwd_intra_kernel(
         f_dn = tl.exp2(g_rel)
         f_up = tl.exp2(-g_rel)
         m_le = o_c[:, None] >= o_c[None, :]
-        b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :], mask=mb[:, None] & m_le, other=0.)
+        b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :],
+                        mask=mb[:, None] & m_le, other=0.)
         b_dq += f_dn * _mm_tf32x3(b_dsd, b_a * f_up, DT_ID)
         b_da += f_up * _mm_tf32x3(tl.trans(b_dsd), b_q * f_dn, DT_ID)
     else:
@@ -1044,7 +1045,6 @@ def chunk_bwd_intra_kernel(
             b_sr = tl.load(dsq_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=ms, other=0.)[:, None]
             b_dq += b_sc * b_as * b_f
             b_da += b_sr * b_qs * b_h
-
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
     b_aca = tl.zeros([BC, BK], dtype=tl.float32)
     # a constant trip count (the interpreter takes no tensor range bound); the two sides are uniform branches
@@ -1063,7 +1063,7 @@ def chunk_bwd_intra_kernel(
             b_fj = tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
             _b_qj_q = (tl.load(qh_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32) + tl.load(ql_buf + (rj[:, None] * HV + i_hv) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32))
             b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-            # [dS_JI]ᵀ, loaded transposed
+            # [dM_JI]ᵀ, loaded transposed
             b_dsb = tl.load(dsq_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
             b_aca += _mm_tf32x3(b_dsb, b_qj * b_fj, DT_ID)
     b_fi = tl.exp2(tl.minimum(b_g - b_r0[None, :], 0.))

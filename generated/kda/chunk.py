@@ -983,7 +983,8 @@ def chunk_bwd_scores_kernel(
     b_dl = b_dm * b_beta[:, None]
     tl.store(dsl_buf + (rows[:, None] * HV + i_hv) * BT + o_t[None, :], b_dl, mask=m_r[:, None])
 # ---- backward stage intra (per-channel decay): the pair gradients of the chunk's decayed score matrices ------------
-#   dX_t = Σ_j dS_tj y_j ⊙ e^{b_t − b_j},  dY_j = Σ_t dS_tj x_t ⊙ e^{b_t − b_j} over the pairs j ≤ t of Q̂ ⋆ A (dS)#   and j < t of E ⋆⁻ A (dL'), read from bwd_scores. One program per chunk, head, block of BK key channels and
+#   dX_t = Σ_j dS_tj y_j ⊙ e^{b_t − b_j},  dY_j = Σ_t dS_tj x_t ⊙ e^{b_t − b_j} over the pairs j ≤ t of Q̂ ⋆ A (dS)
+#   and j < t of E ⋆⁻ A (dL'), read from bwd_scores. One program per chunk, head, block of BK key channels and
 #   row block I of 16 tokens (4 per chunk):
 #   - rows of I against the blocks J < I through r = b at the token before I (e^{b_t − r} ≤ 1 for t in I,
 #     e^{r − b_j} ≤ 1 for j before I), columns of I against the blocks J > I through r' = b at I's last token:
@@ -1026,8 +1027,8 @@ def chunk_bwd_intra_kernel(
     b_a = tl.where(mb[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_a_k, 0.)
     b_e = b_a
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    b_da = tl.zeros([BC, BK], dtype=tl.float32)
     b_de = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
     # rows of I against the earlier blocks J: r = b at the token before I (e^{b_t − r}, e^{r − b_j} ≤ 1);
     # columns of I against the later blocks J: r' = b at I's last token (a later block exists only where it does)
     r_0 = t0 + i_i * BC - 1
@@ -1047,7 +1048,8 @@ def chunk_bwd_intra_kernel(
         f_dn = tl.exp2(g_rel)
         f_up = tl.exp2(-g_rel)
         m_le = o_c[:, None] >= o_c[None, :]
-        b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :], mask=mb[:, None] & m_le, other=0.)
+        b_dsd = tl.load(dsq_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :],
+                        mask=mb[:, None] & m_le, other=0.)
         b_dq += f_dn * _mm_tf32x3(b_dsd, b_a * f_up, DT_ID)
         b_dld = tl.load(dsl_buf + (rb[:, None] * HV + i_hv) * BT + i_i * BC + o_c[None, :],
                         mask=mb[:, None] & (o_c[:, None] > o_c[None, :]), other=0.)
@@ -1079,7 +1081,6 @@ def chunk_bwd_intra_kernel(
             b_lr = tl.load(dsl_buf + r_s * (HV * BT) + i_hv * BT + i_i * BC + o_c, mask=ms, other=0.)[:, None]
             b_de += b_lc * b_as * b_f
             b_da += (b_sr * b_qs + b_lr * b_es) * b_h
-
     b_acq = tl.zeros([BC, BK], dtype=tl.float32)
     b_ace = tl.zeros([BC, BK], dtype=tl.float32)
     b_aca = tl.zeros([BC, BK], dtype=tl.float32)
@@ -1101,7 +1102,7 @@ def chunk_bwd_intra_kernel(
             b_fj = tl.exp2(tl.minimum(b_gj - b_r1[None, :], 0.))
             _b_qj_q = tl.load(p_q + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
             b_qj = tl.where(mj[:, None] & m_k[None, :], tl.zeros([BC, BK], dtype=tl.float32) + _b_qj_q, 0.)
-            # [dS_JI]ᵀ, loaded transposed
+            # [dM_JI]ᵀ, loaded transposed
             b_dsb = tl.load(dsq_buf + (rj[None, :] * HV + i_hv) * BT + i_i * BC + o_c[:, None], mask=mj[None, :], other=0.)
             b_aca += _mm_tf32(b_dsb, b_qj * b_fj, DT_ID)
             _b_ej_k = tl.load(p_k + (rj[:, None] * H + i_h) * DK + o_k[None, :], mask=mj[:, None] & m_k[None, :], other=0.).to(tl.float32)
