@@ -1,6 +1,7 @@
-"""The route's hook files (codegen/templates/chunk_route_{none,value,residual}.jinja, codegen/chunk.py route_hook):
-the same macros in each, one per hook point, so that a template renders for every route; the plan picks the file;
-and a spec without a route renders what the value route leaves out."""
+"""The chunk templates' hook files: the route's (codegen/templates/chunk_route_{none,value,residual}.jinja,
+codegen/chunk.py route_hook) and the values' (chunk_values_{solved,plain}.jinja: U from the WY solve or as β Z). The
+same macros in each file of a set, one per hook point, so that a template renders whichever the plan picks; the plan
+picks the file; and a spec without a route renders what the value route leaves out."""
 
 from __future__ import annotations
 
@@ -33,10 +34,16 @@ def test_every_hook_file_defines_the_same_hooks() -> None:
         assert names == files["none"], (route, sorted(names ^ files["none"]))
 
 
+def test_both_values_files_define_the_same_hooks() -> None:
+    solved, plain = _exported("chunk_values_solved.jinja"), _exported("chunk_values_plain.jinja")
+    assert solved == plain and {"state_pass_u", "state_output_u", "stored_u"} <= solved, sorted(solved ^ plain)
+
+
 def test_the_kernel_templates_name_no_route() -> None:
     """No kernel template branches on the route or on the residual route's solve form: the hooks carry both."""
     for path in sorted(TEMPLATES.glob("chunk_*.jinja")):
-        if path.name.startswith("chunk_route_") or path.name in ("chunk_host.jinja", "chunk_module.jinja"):
+        if path.name.startswith(("chunk_route_", "chunk_values_")) or path.name in ("chunk_host.jinja",
+                                                                                    "chunk_module.jinja"):
             continue
         text = path.read_text()
         assert "route ==" not in text and "route !=" not in text and "gain_cols" not in text, path.name
