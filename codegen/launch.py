@@ -11,6 +11,7 @@ fastest checked settings, which generated modules then prefer to this table (DGP
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 # stages whose programs hold whole value rows (one program per chunk and head): BV must cover dv
 WHOLE_VALUE_ROWS = ("bwd_inputs",)
@@ -361,10 +362,13 @@ def format_launches(stages: list[str], DK: int, DV: int, decay: str, family: str
     return "\n".join(lines)
 
 
-def tuning_candidates(name: str, DK: int, DV: int) -> list[tuple[int, int, int, int]]:
+def tuning_candidates(name: str, DK: int, DV: int, around: Sequence[int] | None = None) -> list[tuple[int, int, int, int]]:
     """The settings `dgps tune` (runtime/autotune.py) and benchmarks/tune.py try for one stage at head sizes DK, DV:
     the neighbourhood of the table's choices, those the stage's kernel can run (check_launch). Left out on purpose:
-    8 warps for bwd_state and BV 16 there (faulted on sm_90 under Triton 3.6, runs 2 and 40)."""
+    8 warps for bwd_state and BV 16 there (faulted on sm_90 under Triton 3.6, runs 2 and 40).
+    `around`: the setting the table gives this spec's stage; the grid is swept at its key and value blocks too, so a
+    block the grid lacks is still tried with every warp and stage count (the per-channel interaction's BK 16, the
+    levels' key block, is not in the grid the scalar one is swept over)."""
     fk = max(16, 1 << (DK - 1).bit_length())
     fv = max(16, 1 << (DV - 1).bit_length())
     half_k = max(16, fk // 2)
@@ -405,6 +409,9 @@ def tuning_candidates(name: str, DK: int, DV: int) -> list[tuple[int, int, int, 
         "curvature_state": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
         "bwd_curvature_carry": itertools.product([32, 64], [32, 64], [4, 8], [1, 2, 3]),
     }.get(name, ())
+    grid = list(grid)
+    if around is not None:
+        grid += [(around[0], *c[1:]) for c in grid] + [(c[0], around[1], *c[2:]) for c in grid]
     out = []
     for cfg in dict.fromkeys(grid):
         bk, bv = cfg[0], cfg[1]

@@ -328,7 +328,7 @@ def tune(pkg: Any, shape: Sequence[int], *, HV: int | None = None, dtype: str = 
     results: dict[str, dict] = {}
     for stage in stages or launched:
         table = mod.launch_config(stage, DK, DV, B * HV)  # the table's (or DGPS_LAUNCH's) setting: the reference
-        cands = [table] + [c for c in (configs or tuning_candidates(stage, DK, DV)) if tuple(c) != tuple(table)]
+        cands = [table] + [c for c in (configs or tuning_candidates(stage, DK, DV, around=table)) if tuple(c) != tuple(table)]
         rows, faults = _run_children(package_dir, stage, (B, T, H, HV, DK, DV), dtype, device,
                                      [tuple(c) for c in cands], run)
         for f in faults:

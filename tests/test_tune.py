@@ -14,7 +14,7 @@ import torch
 
 import dgps
 from dgps.cli import main as cli_main
-from dgps.codegen.launch import check_launch, tuning_candidates
+from dgps.codegen.launch import check_launch, table_launch, tuning_candidates
 from dgps.runtime import autotune
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +81,16 @@ def test_every_launched_stage_has_candidates_its_kernel_takes(spec: str) -> None
             assert len(cands) >= 2, (spec, stage)
             for c in cands:
                 check_launch(spec, stage, c, 128, 128)  # raises where the kernel cannot run it
+
+
+def test_the_sweep_takes_the_tables_own_blocks() -> None:
+    """kda's per-channel interaction runs the levels' key block BK 16, which the interaction's grid (the scalar one's
+    32 and 64) lacks: swept around the table's setting, as `dgps tune` sweeps, every warp count is tried at it."""
+    table = table_launch("interaction", 128, 128, "vector", "tied", "none")
+    assert table[0] not in {c[0] for c in tuning_candidates("interaction", 128, 128)}
+    around = tuning_candidates("interaction", 128, 128, around=table)
+    assert {c[2] for c in around if c[:2] == table[:2]} == {1, 2, 4, 8}
+    assert set(tuning_candidates("interaction", 128, 128)) < set(around)
 
 
 def _tune_gdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: ANN202
