@@ -822,6 +822,9 @@ def _context(ir: IR) -> dict:
         # how the state passes and the output have U (chunk_values_<form>.jinja, the same macros in each): from the WY
         # solve (the delta families: Ũ − W H_n, stored) or as β Z on the loads (the additive family)
         values_hook="chunk_values_plain.jinja" if st.additive else "chunk_values_solved.jinja",
+        # the curvature read's mean term (chunk_curvature_<form>.jinja, the same macros in each), read by the curvature
+        # passes only
+        curvature_hook=f"chunk_curvature_{'centered' if ir.read.centered else 'uncentered'}.jinja",
         # and a training step's rerun of the state pass takes R from the forward's route output (rerun_reads_route)
         route_feeds_rerun=rerun_reads_route(plan),
         # a training forward's output stores its scores for the reverse state pass (compiler/plan.py: scores_kept);

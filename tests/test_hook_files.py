@@ -1,7 +1,8 @@
 """The chunk templates' hook files: the route's (codegen/templates/chunk_route_{none,value,residual}.jinja,
 codegen/chunk.py route_hook) and the values' (chunk_values_{solved,plain}.jinja: U from the WY solve or as β Z). The
 same macros in each file of a set, one per hook point, so that a template renders whichever the plan picks; the plan
-picks the file; and a spec without a route renders what the value route leaves out."""
+picks the file; and a spec without a route renders what the value route leaves out. Also the curvature read's
+(chunk_curvature_{centered,uncentered}.jinja: CCQ's mean term or none)."""
 
 from __future__ import annotations
 
@@ -39,14 +40,21 @@ def test_both_values_files_define_the_same_hooks() -> None:
     assert solved == plain and {"state_pass_u", "state_output_u", "stored_u"} <= solved, sorted(solved ^ plain)
 
 
-def test_the_kernel_templates_name_no_route() -> None:
-    """No kernel template branches on the route or on the residual route's solve form: the hooks carry both."""
+def test_both_curvature_files_define_the_same_hooks() -> None:
+    centered, uncentered = _exported("chunk_curvature_centered.jinja"), _exported("chunk_curvature_uncentered.jinja")
+    assert centered == uncentered and len(centered) >= 9, sorted(centered ^ uncentered)
+
+
+def test_no_kernel_template_branches_on_what_a_hook_carries() -> None:
+    """No kernel template branches on the route, on the residual route's solve form or on the curvature read's
+    centering: the hooks carry them."""
     for path in sorted(TEMPLATES.glob("chunk_*.jinja")):
         if path.name.startswith(("chunk_route_", "chunk_values_")) or path.name in ("chunk_host.jinja",
                                                                                     "chunk_module.jinja"):
             continue
         text = path.read_text()
         assert "route ==" not in text and "route !=" not in text and "gain_cols" not in text, path.name
+        assert "read_centered" not in text, path.name  # the curvature hook carries the centering
 
 
 @pytest.mark.parametrize("spec, route", [("gdn", "none"), ("clvr_gdn", "value"), ("clvr_kda", "value"),

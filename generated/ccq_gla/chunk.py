@@ -335,7 +335,8 @@ def _mm_hilo(a, b, a_lo, b_lo, DT_ID: tl.constexpr):
 
 
 # ---- stage curvature_query (docs/chunk_forms.md §4): q̂ = q − λ(C q/τ − m(mᵀq)/τ²) from the carried sums, chunk-parallel ----------
-#   An undecayed additive linear attention whose value is the key: C_t q = C_n q + Σ_{j≤t} k_j (k_jᵀ q), with C_n#   and m_n from curvature_state. One program per (chunk, key head, BV columns of C): the scores P = tril(Q Kᵀ) over all of
+#   An undecayed additive linear attention whose value is the key: C_t q = C_n q + Σ_{j≤t} k_j (k_jᵀ q), with C_n
+#   and m_n from curvature_state. One program per (chunk, key head, BV columns of C): the scores P = tril(Q Kᵀ) over all of
 #   dk (each column block forms them), corr[:, cols] = (Q C_n[:, cols] + P K[:, cols]) / τ − M[:, cols] (mᵀq) / τ², M the
 #   running sums of k, and q̂[:, cols] for every value head of the group (the sums are per key head, λ per value head).
 #   For a training step corr goes to memory (fp32, per key head: the backward's dλ reads it; C_n and P enter it as
