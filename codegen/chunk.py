@@ -98,7 +98,6 @@ from ..compiler.plan import (
     launch_of,
     precond_shares,
     rerun_reads_route,
-    residual_solve,
     scores_in_reverse_pass,
     scores_kept,
     split_reverse_pass,
@@ -549,11 +548,8 @@ ROUTE_HOOKS = {"none": "chunk_route_none.jinja", "value": "chunk_route_value.jin
 
 def route_hook(plan: Plan) -> str:
     """The route's hook file: where the route enters the chunk kernels (its store, its adjoint, and for the residual
-    route the solve's form, which the plan decides: compiler/plan.py residual_solve)."""
-    route = plan.structure.route
-    if (route == "residual") != residual_solve(plan):
-        raise AssertionError(f"{plan.name}: the residual route's hook is its solve form, and only then")
-    return ROUTE_HOOKS[route]
+    route the solve's form: compiler/plan.py residual_solve, which every residual route takes)."""
+    return ROUTE_HOOKS[plan.structure.route]
 
 
 def backward_reads_l(plan: Plan) -> bool:
