@@ -1643,20 +1643,17 @@ class MemoryDecision:
 
 def stored(p: Plan, st: Stage, o: Operand, read: set[str]) -> bool:
     """Whether a forward stage's output exists in memory at all. Not where it is evaluated on its consumers' loads or
-    formed inside the launch of its only consumer that no backward stage reads it after (the statistic's decay
-    cumsum, accumulated in the statistic's scan; the decay's cumsum formed at the start of the interaction's launch is
-    read by later stages: stored); not the exclusive cumsum b_(t-1) (the
+    accumulated inside its consumer's scan (the statistic's decay cumsum; the decay's cumsum formed at the start of
+    the interaction's launch is stored there: _cumsum_in_interaction); not the exclusive cumsum b_(t-1) (the
     kernels read b one token earlier); not a matrix whose every consumer runs inside its producer's launch and that
     no backward stage reads back (L' or E⋆⁻F: the fused solve takes its blocks from registers; bwd_solve re-forms
     a scalar-decay L' from the keys); not a final state (a result)."""
-    if st.attr("fused") == "loads" or o.dims[0] == "N":
+    if st.attr("fused") == "loads" or (st.kind == "chunk_cumsum" and st.attr("fused") == "precond_diag") or \
+            o.dims[0] == "N":
         return False
     if st.kind == "chunk_cumsum" and o is not st.outputs[0]:
         return False
     consumers = [c for c in p.stages() if o.name in c.inputs]
-    host = st.attr("fused")
-    if host and all(c.kind == host for c in consumers) and f"{st.kind}.{o.name}" not in read:
-        return False  # fused into its one consumer's launch, which takes it from registers
     in_launch = consumers and all(c.attr("fused") == st.kind for c in consumers)
     return not (in_launch and f"{st.kind}.{o.name}" not in read)
 
