@@ -9,7 +9,7 @@ The plan decides what is launched: `FORWARD_RULES` / `BACKWARD_RULES` map each l
 order (`UNTIED_RULES` replaces the interaction's template for the untied DPLR family); the backward plan's kept
 and recomputed stages decide what a training forward returns and what the backward reruns. Structure enters the
 templates through hooks: `decay_hook` (codegen/decay.py) for the decay kind — every decay factor, the chunk's gate
-loads and the log-gate gradient's per-kind steps, with "" for a factor and an OMIT line (dropped by render_chunk) for
+loads and the log-gate gradient's per-kind steps, with "" for a factor and an OMIT line (dropped by jinja_env.drop_omitted) for
 a statement that no decay needs —, bwd_grads' pair-source hook files (chunk_bwd_pairs_{fused,solve,intra}.jinja, the
 same macros in each: where the score pairs' gradients come from), the route's hook files
 (chunk_route_{none,value,residual}.jinja, chosen by `route_hook`: the route's store and adjoint, and the residual
@@ -117,9 +117,9 @@ from .buffers import (
     make_code,
     token_buffers,
 )
-from .decay import OMIT, decay_hook
+from .decay import decay_hook
 from .ir_source import ir_source
-from .jinja_env import template_env
+from .jinja_env import OMIT, drop_omitted, template_env
 from .triton_expr import triton_expr
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -1335,9 +1335,7 @@ def render_chunk(ir: IR) -> str:
                ir_text=_ir_comment(ir),
                ir_source=ir_source(ir) if ir.reductions else "", reduction_names=[r.name for r in ir.reductions])
     src = _env().get_template("chunk_module.jinja").render(**ctx)
-    src = re.sub(rf"^[ \t]*{re.escape(OMIT)}\n", "", src, flags=re.M)  # what a hook left out
-    if OMIT in src:
-        raise AssertionError(f"{ir.name}: a hook's OMIT inside a line of generated code")
+    src = drop_omitted(src, ir.name)
     src = re.sub(r"[ \t]+\n", "\n", src)
     src = re.sub(r"\n{3,}(?=\S)", "\n\n\n", src)
     return _prune_kernel_params(src)

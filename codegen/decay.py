@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .address import partial_row, row_offset
-
-OMIT = "#<omit>"  # a line that a hook leaves out: render_chunk drops every line holding only this
+from .jinja_env import OMIT
 
 
 def _lines(stmts: list[str], indent: int) -> str:

@@ -36,7 +36,7 @@ import sympy as sp
 from ..compiler import ir as _irmod
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .ir_source import ir_source
-from .jinja_env import template_env
+from .jinja_env import OMIT, drop_omitted, template_env
 from .triton_expr import triton_expr
 
 # Square statistics (P, C) live in registers as [BK, BK] fp32 tiles: fine up to dk = 128.
@@ -48,6 +48,12 @@ MAX_DK = 256
 class RecurrentCodegenError(NotImplementedError):
     """The IR uses something the recurrent kernel generator does not handle."""
 
+
+# The hook files through which structure enters recurrent.jinja: one per preconditioner kind, read kind and solve
+# mode, each the same macros (state_init / step / store_state; erase_before_decay / write).
+PRECOND_HOOKS = {kind: f"recurrent_precond_{kind}.jinja" for kind in ("none", "diag", "exact")}
+READ_HOOKS = {"none": "recurrent_read_plain.jinja", "curvature": "recurrent_read_curvature.jinja"}
+SOLVE_HOOKS = {mode: f"recurrent_solve_{mode}.jinja" for mode in ("additive", "delta", "general")}
 
 
 # --- kernel context ---------------------------------------------------------------------------------
@@ -178,6 +184,10 @@ def _context(spec_ir: IR) -> dict[str, object]:
         "route": ir.route,
         "MAX_DK": MAX_DK,
         "MAX_DK_MATRIX_STATE": MAX_DK_MATRIX_STATE,
+        "matrix_state": ir.precond.kind == "exact" or ir.read.kind == "curvature",  # a dk x dk statistic
+        "omit": OMIT,
+        "precond_hook": PRECOND_HOOKS[ir.precond.kind],
+        "read_hook": READ_HOOKS[ir.read.kind],
     }
 
     hoisted: list[tuple[str, str]] = []  # (register, code), computed once per program, before the loop
@@ -207,6 +217,8 @@ def _context(spec_ir: IR) -> dict[str, object]:
 
     # preconditioner
     pre: dict[str, object] = {"kind": ir.precond.kind, "placement": ir.precond.placement}
+    # where the preconditioner acts: the write key k̃ (d_kt) or the query q' (d_qp)
+    pre["placed"], pre["placed_input"] = ("d_kt", "b_k") if ir.precond.placement == "write_key" else ("d_qp", "b_q")
     if ir.precond.kind == "diag":
         d = ir.precond.diag
         assert d is not None
@@ -223,10 +235,14 @@ def _context(spec_ir: IR) -> dict[str, object]:
             heads="i_h" if d.heads == "key" else "i_hv",
             nheads="H" if d.heads == "key" else "HV",
             per_key_head=d.heads == "key",
+            writer="(i_v == 0) & (i_hv % (HV // H) == 0):  # one writer per key head" if d.heads == "key"
+            else "i_v == 0:",
         )
     elif ir.precond.kind == "exact":
         assert ir.precond.lam is not None
-        pre.update(inv_lam=repr(1.0 / float(ir.precond.lam)))
+        pre.update(inv_lam=repr(1.0 / float(ir.precond.lam)),
+                   placed_value="d_Pk / d_den" if ir.precond.placement == "write_key"
+                   else "tl.reduce(st_P * b_q[None, :], 1, _add)")
         b.used |= {"k"}
     ctx["precond"] = pre
 
@@ -242,7 +258,9 @@ def _context(spec_ir: IR) -> dict[str, object]:
     else:
         mode = "general"
     solve["mode"] = mode
+    ctx["solve_hook"] = SOLVE_HOOKS[mode]
     solve["tied"] = bool(s.tied)
+    solve["tied_note"] = ", tied f = w" if s.tied and mode != "additive" else ""
     wanted: list[tuple[str, sp.Expr, str | None]] = []  # (role, expression, shape)
     if mode == "delta":
         assert ir.solve.erase_key is not None
@@ -293,6 +311,8 @@ def _context(spec_ir: IR) -> dict[str, object]:
         read["lam_lines"] = lines
         b.used |= {"k"}
     ctx["read"] = read
+    ctx["route_store"] = {"none": None, "value": (regs.get("z"), "the write value"),
+                          "residual": (f"({regs.get('z')} - d_Sk)", "r = v − S̄ ê")}[ir.route]
 
     b.used |= {"q"}
     if ir.route == "residual":
@@ -326,4 +346,4 @@ def _context(spec_ir: IR) -> dict[str, object]:
 
 def render_recurrent(ir: IR) -> str:
     """The full source of the recurrent module for `ir` (deterministic)."""
-    return template_env().get_template("recurrent.jinja").render(**_context(ir))
+    return drop_omitted(template_env().get_template("recurrent.jinja").render(**_context(ir)), ir.name)

@@ -29,7 +29,7 @@ from ..compiler import ir as _irmod
 from ..compiler.exprs import diff_by_name
 from ..compiler.ir import HEAD_INDEX, IR, KTILDE, STAT, kernel_ir
 from .ir_source import ir_source
-from .jinja_env import template_env
+from .jinja_env import OMIT, drop_omitted, template_env
 from .recurrent import MAX_DK, MAX_DK_MATRIX_STATE, check_supported, register_names, register_shapes
 from .triton_expr_bwd import triton_expr_bwd
 
@@ -95,6 +95,13 @@ class _Builder:
         return False
 
 
+# The hook files through which structure enters recurrent_bwd.jinja: one per preconditioner kind, read kind and solve
+# family, each the same macros (codegen/templates/recurrent_bwd.jinja's header names them).
+PRECOND_HOOKS = {kind: f"recurrent_bwd_precond_{kind}.jinja" for kind in ("none", "diag", "exact")}
+READ_HOOKS = {"none": "recurrent_bwd_read_plain.jinja", "curvature": "recurrent_bwd_read_curvature.jinja"}
+SOLVE_HOOKS = {"additive": "recurrent_bwd_solve_additive.jinja", "dplr": "recurrent_bwd_solve_dplr.jinja"}
+
+
 def _reduce(term: str, have: str, want: str) -> str:
     if have == want or have == "s" and want != "s":
         return term
@@ -126,7 +133,8 @@ def _context(spec_ir: IR) -> dict[str, object]:
         lg = _Part("lg", ir.decay.log_gate, b.shape(ir.decay.log_gate))
         parts.append(lg)
         decay.update(vector=lg.use == "k", line=b.code(lg.expr, lg.use))
-    pre: dict[str, object] = {"kind": ir.precond.kind, "placement": ir.precond.placement}
+    pre: dict[str, object] = {"kind": ir.precond.kind, "placement": ir.precond.placement,
+                              "forms_query": ir.precond.kind != "none" and ir.precond.placement == "query"}
     if ir.precond.kind == "diag":
         d = ir.precond.diag
         assert d is not None
@@ -144,7 +152,7 @@ def _context(spec_ir: IR) -> dict[str, object]:
             map_code=b.code(d.map, "k"),
             heads="i_h" if d.heads == "key" else "i_hv",
             nheads="H" if d.heads == "key" else "HV",
-            per_key_head=d.heads == "key",
+            injects="inject" if d.heads == "key" else "i_v == 0",  # the one program that takes dA's final gradient
         )
     elif ir.precond.kind == "exact":
         assert ir.precond.lam is not None
@@ -286,6 +294,10 @@ def _context(spec_ir: IR) -> dict[str, object]:
         "normalize": list(ir.normalize),
         "norm_eps": repr(float(ir.norm_eps)),
         "decay": decay,
+        "omit": OMIT,
+        "precond_hook": PRECOND_HOOKS[ir.precond.kind],
+        "read_hook": READ_HOOKS[ir.read.kind],
+        "solve_hook": SOLVE_HOOKS["dplr" if erase else "additive"],
         "precond": pre,
         "gates": gates,
         "erase": erase,
@@ -305,4 +317,4 @@ def _context(spec_ir: IR) -> dict[str, object]:
 
 def render_recurrent_backward(ir: IR) -> str:
     """The full source of the recurrent backward module for `ir` (deterministic)."""
-    return template_env().get_template("recurrent_bwd.jinja").render(**_context(ir))
+    return drop_omitted(template_env().get_template("recurrent_bwd.jinja").render(**_context(ir)), ir.name)

@@ -1,14 +1,15 @@
-"""Snapshot the chunk modules codegen renders, and compare a later tree against it: the check for a codegen refactor.
+"""Snapshot the modules codegen renders, and compare a later tree against it: the check for a codegen refactor.
 
     python scripts/render_snapshot.py save /tmp/before.json [--fuzz 400]
     ... change codegen/ ...
     python scripts/render_snapshot.py compare /tmp/before.json
 
-Renders `codegen.chunk.render_chunk` for every spec in specs/ and tests/*.dgps and for `--fuzz` specs drawn from the
-fuzzer's strategy (runtime/fuzz.py `specs()`, derandomised: the same draw for the same hypothesis version), and on
-`compare` sorts each module into identical, comments-only (after dropping comments and blank lines) or code changes,
-printing each distinct code change once with the modules it touched. Exit status 1 when any module's code changed, so
-that a refactor meant to keep the kernels as they are can be held to it (generated/ covers the library specs only).
+Renders the chunk module and the recurrent forward and backward modules for every spec in specs/ and tests/*.dgps and
+for `--fuzz` specs drawn from the fuzzer's strategy (runtime/fuzz.py `specs()`, derandomised: the same draw for the
+same hypothesis version), and on `compare` sorts each module into identical, comments-only (after dropping comments
+and blank lines) or code changes, printing each distinct code change once with the modules it touched. Exit status 1
+when any module's code changed, so that a refactor meant to keep the kernels as they are can be held to it (generated/
+covers the library specs only).
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def _drawn(count: int) -> list[str]:
 
 
 def render_all(fuzz: int) -> dict[str, str]:
+    """Every module codegen renders for each spec: the chunk module (keyed by the spec's name) and the recurrent
+    forward and backward modules (keyed `name [recurrent]`, `name [recurrent_bwd]`)."""
     from dgps.codegen.chunk import render_chunk, supports_chunk
+    from dgps.codegen.recurrent import render_recurrent
+    from dgps.codegen.recurrent_bwd import render_recurrent_backward
     from dgps.compiler.lower import lower
     from dgps.dsl.parser import parse
 
@@ -55,6 +60,11 @@ def render_all(fuzz: int) -> dict[str, str]:
         ir = lower(parse(text, name))
         ok, why = supports_chunk(ir)
         out[name] = render_chunk(ir) if ok else f"unsupported: {why}"
+        for kind, render in (("recurrent", render_recurrent), ("recurrent_bwd", render_recurrent_backward)):
+            try:
+                out[f"{name} [{kind}]"] = render(ir)
+            except NotImplementedError as e:  # a spec the recurrent kernels decline (their error classes): recorded
+                out[f"{name} [{kind}]"] = f"unsupported: {type(e).__name__}: {e}"
     return out
 
 
@@ -98,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(rendered)} modules rendered to {a.path}")
         return 0
     before = json.loads(a.path.read_text())
-    fuzz = sum(name.startswith("fuzz") for name in before)
+    fuzz = sum(name.startswith("fuzz") and "[" not in name for name in before)
     return compare(before, render_all(fuzz))
 
 

@@ -2,7 +2,8 @@
 codegen/chunk.py route_hook) and the values' (chunk_values_{solved,plain}.jinja: U from the WY solve or as β Z). The
 same macros in each file of a set, one per hook point, so that a template renders whichever the plan picks; the plan
 picks the file; and a spec without a route renders what the value route leaves out. Also the curvature read's
-(chunk_curvature_{centered,uncentered}.jinja: CCQ's mean term or none)."""
+(chunk_curvature_{centered,uncentered}.jinja: CCQ's mean term or none). And the recurrent kernels' hook sets
+(recurrent[_bwd]_{precond,read,solve}_*.jinja)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,49 @@ def test_the_value_route_adds_its_store_and_its_adjoint() -> None:
     assert "tl.store(r_buf" not in plain and "tl.store(r_buf" in routed
     assert "tl.load(dr_buf" not in plain and "tl.load(dr_buf" in routed
 
+
+
+# --- the recurrent kernels' hook files (codegen/recurrent.py, codegen/recurrent_bwd.py) ----------------------------
+
+def _hook_sets() -> list[tuple[str, dict[str, str]]]:
+    from dgps.codegen import recurrent, recurrent_bwd
+
+    return [(f"{mod.__name__.rsplit('.', 1)[1]}.{table}", getattr(mod, table))
+            for mod in (recurrent, recurrent_bwd) for table in ("PRECOND_HOOKS", "READ_HOOKS", "SOLVE_HOOKS")]
+
+
+@pytest.mark.parametrize("table, files", _hook_sets(), ids=[t for t, _ in _hook_sets()])
+def test_every_recurrent_hook_file_of_a_set_defines_the_same_macros(table: str, files: dict[str, str]) -> None:
+    exported = {kind: _exported(name) for kind, name in files.items()}
+    first = next(iter(exported.values()))
+    assert len(first) >= 2, table
+    for kind, names in exported.items():
+        assert names == first, (table, kind, sorted(names ^ first))
+
+
+def test_the_recurrent_templates_leave_structure_to_their_hooks() -> None:
+    """recurrent.jinja and recurrent_bwd.jinja name no preconditioner kind, read kind or solve mode: the hook files
+    (picked in codegen/recurrent.py and recurrent_bwd.py) carry them."""
+    for name in ("recurrent.jinja", "recurrent_bwd.jinja"):
+        text = (TEMPLATES / name).read_text()
+        for branch in ("precond.kind", "read.kind", "solve.mode", "precond.placement", "erase_reads", "tied"):
+            assert f"if {branch}" not in text and f"{branch} ==" not in text and f"{branch} !=" not in text, \
+                (name, branch)
+
+
+@pytest.mark.parametrize("spec, precond, read", [("gdn", "none", "plain"), ("pgdn", "diag", "plain"),
+                                                  ("exact_atq", "exact", "plain"), ("ccq_gdn", "none", "curvature")])
+def test_the_ir_picks_the_recurrent_hooks(spec: str, precond: str, read: str) -> None:
+    """The structure picks the files, and what a hook adds shows in the module: the diagonal statistic's update, the
+    Sherman-Morrison step, the curvature statistic."""
+    from dgps.codegen.recurrent import PRECOND_HOOKS, READ_HOOKS, render_recurrent
+    from dgps.codegen.recurrent_bwd import render_recurrent_backward
+
+    ir = dgps.load(SPECS / f"{spec}.dgps").ir
+    assert PRECOND_HOOKS[ir.precond.kind] == f"recurrent_precond_{precond}.jinja"
+    assert READ_HOOKS[ir.read.kind] == f"recurrent_read_{read}.jinja"
+    fwd, bwd = render_recurrent(ir), render_recurrent_backward(ir)
+    assert ("st_A = " in fwd and "dA = " in bwd) == (precond == "diag")
+    assert ("st_P = st_P - d_Pk" in fwd and "dP = " in bwd) == (precond == "exact")
+    assert ("st_C += b_k" in fwd and "dC = " in bwd) == (read == "curvature")
+    assert "#<omit>" not in fwd + bwd
