@@ -132,6 +132,17 @@ def _operand_key(b: TokenBuffer) -> str:
     return f"{b.kind}.{b.operand.split('.', 1)[1]}"
 
 
+# a statistic state carried beside S -> its buffers: the initial state, the final state, the final state's adjoint and
+# the initial state's gradient (the curvature read's count n has none of the last three: the host forms its final)
+STATISTIC_BUFFERS = {"A": ("a0", "a_out", "da_fin", "da0"), "P": ("p0", "p_out", "dp_fin", "dp0"),
+                     "C": ("c0", "c_out", "dc_fin", "dc0"), "m": ("m0", "m_out", "dm_fin", "dm0")}
+
+
+def statistic_buffers(state_names: tuple[str, ...]) -> dict[str, tuple[str, str, str, str]]:
+    """The spec's statistic states (beside S and the count n) and their buffers, in the IR's state order."""
+    return {n: STATISTIC_BUFFERS[n] for n in state_names if n in STATISTIC_BUFFERS}
+
+
 # the state pass's outputs a keep_states forward keeps (compiler/plan.py: kept_states) -> their buffers
 STATE_BUFFER_OF = {"Hn": "h_buf", "U": "vn_buf"}
 

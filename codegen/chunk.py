@@ -115,6 +115,7 @@ from .buffers import (
     kept_buffers,
     kept_state_buffers,
     make_code,
+    statistic_buffers,
     token_buffers,
 )
 from .decay import decay_hook
@@ -831,6 +832,7 @@ def _context(ir: IR) -> dict:
         exact=ir.precond.kind == "exact",
         exact_lam=repr(ir.precond.lam),
         ccq=ir.read.kind == "curvature",
+        statistics=statistic_buffers(ir.state_names),  # A, P, C, m: their initial/final/adjoint buffers
         kt_heads=em.kt_heads,
         em=em,
         off=row_offset,

@@ -1456,6 +1456,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED) + \
     tuple(f"apre_{n}_buf" for n in _PRECOND_SHARES)
+# the statistic states beside S -> (initial, final, final adjoint, initial gradient) buffers (codegen/buffers.py)
+_STATISTICS = {"C": ["c0", "c_out", "dc_fin", "dc0"], "m": ["m0", "m_out", "dm_fin", "dm0"]}
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
@@ -1913,9 +1915,10 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
     for n, (numel, dtype) in tokens.items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
-    bufs["c0"], bufs["m0"], bufs["n0"] = st["C"], st["m"], st["n"]
-    bufs["c_out"] = torch.empty_like(st["C"])
-    bufs["m_out"] = torch.empty_like(st["m"])
+    for n, (initial, final, _, _) in _STATISTICS.items():
+        bufs[initial] = st[n]
+        bufs[final] = torch.empty_like(st[n])
+    bufs["n0"] = st["n"]
     if "h_buf" in takes and "h_buf" not in states:
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if route_given is not None:
@@ -1949,8 +1952,7 @@ def _result(run):
     final = None
     if run.store_final:
         final = {"S": bufs["s_out"]}
-        final["C"] = bufs["c_out"]
-        final["m"] = bufs["m_out"]
+        final.update({n: bufs[b[1]] for n, b in _STATISTICS.items()})
         # the sequence lengths from cu_seqlens on the device: a tensor built from the host's list is a pageable copy,
         # which waits for the GPU to drain (0.7 ms of ccq_gdn's training step on the H200, run 68)
         final["n"] = run.st["n"] + (run.cu[1:] - run.cu[:-1]).to(torch.float32)
@@ -2231,7 +2233,7 @@ def _gradient_stand_ins(run):
     adjoint and the final states' adjoints."""
     f32 = torch.float32
     dtypes = {"do_buf": run.dt, "ds_fin": f32}
-    dtypes["dc_fin"] = dtypes["dm_fin"] = f32
+    dtypes.update({b[2]: f32 for b in _STATISTICS.values()})
     return _stand_ins(dtypes, run.device)
 
 
@@ -2405,7 +2407,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # a CP slice adds the later ranks' adjoint to it, so there it is formed
     run.ds_fin_given = hooks is not None or d_final_state.get("S") is not None
     bufs["ds_fin"] = fin("S") if run.ds_fin_given else run.dummy
-    bufs["dc_fin"], bufs["dm_fin"] = fin("C"), fin("m")
+    bufs.update({b[2]: fin(n) for n, b in _STATISTICS.items()})
     make, lasts = _backward_make(run)
     _warm_backward(run, kernels, make, hooks)
     if run.kernels:  # the rerun of the forward plan (what the forward did not keep)
@@ -2427,8 +2429,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         grads[n] = g
     grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
-    dstates["C"] = bufs["dc0"].reshape(N, H, DK, DK)
-    dstates["m"] = bufs["dm0"].reshape(N, H, DK)
+    dstates.update({n: bufs[b[3]].reshape(shapes[n]) for n, b in _STATISTICS.items()})
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n: g.to(initial_state[n].dtype) if n in initial_state else g for n, g in dstates.items()}
     return grads, dstates

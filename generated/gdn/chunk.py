@@ -1441,6 +1441,8 @@ _BUFFERS = ("g_buf", "kt_buf", "qh_buf", "ql_buf", "t_buf", "l_buf", "s_buf", "w
     tuple("dx_" + n for n in _INPUTS) + \
     tuple("pn_" + n for n in _NORMALIZED) + \
     tuple(f"apre_{n}_buf" for n in _PRECOND_SHARES)
+# the statistic states beside S -> (initial, final, final adjoint, initial gradient) buffers (codegen/buffers.py)
+_STATISTICS = {}
 # Buffers held in the input dtype (everything else is fp32).
 _DT_BUFFERS = ("ql_buf", "t_buf", "s_buf", "w_buf", "u_buf", "kg_buf", "qg_buf", "h_buf", "vn_buf", "o_buf", "r_buf", "dh_buf", "du_buf",
                "wg_buf", "aew_buf", "aqw_buf", "sh_buf", "sl_buf", "dy_buf", "dsg_buf", "dlg_buf")
@@ -1936,6 +1938,9 @@ def _prepare(inputs, initial_state, output_final_state, cu_seqlens, scale, keep,
     kept = dict(zip(names, kept, strict=True)) if kept is not None else {}
     for n, (numel, dtype) in tokens.items():
         bufs[n] = kept[n] if n in kept else torch.empty(numel, dtype=dtype, device=device)
+    for n, (initial, final, _, _) in _STATISTICS.items():
+        bufs[initial] = st[n]
+        bufs[final] = torch.empty_like(st[n])
     if "h_buf" in takes and "h_buf" not in states:
         bufs["h_buf"] = torch.empty(NT * HV * DK * DV, dtype=dt, device=device)
     if route_given is not None:
@@ -1965,6 +1970,7 @@ def _result(run):
     final = None
     if run.store_final:
         final = {"S": bufs["s_out"]}
+        final.update({n: bufs[b[1]] for n, b in _STATISTICS.items()})
     return RecurrenceOutput(run.o, final, run.route)
 
 
@@ -2220,6 +2226,7 @@ def _gradient_stand_ins(run):
     adjoint and the final states' adjoints."""
     f32 = torch.float32
     dtypes = {"do_buf": run.dt, "ds_fin": f32}
+    dtypes.update({b[2]: f32 for b in _STATISTICS.values()})
     return _stand_ins(dtypes, run.device)
 
 
@@ -2394,6 +2401,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
     # a CP slice adds the later ranks' adjoint to it, so there it is formed
     run.ds_fin_given = hooks is not None or d_final_state.get("S") is not None
     bufs["ds_fin"] = fin("S") if run.ds_fin_given else run.dummy
+    bufs.update({b[2]: fin(n) for n, b in _STATISTICS.items()})
     make, lasts = _backward_make(run)
     _warm_backward(run, kernels, make, hooks)
     if run.kernels:  # the rerun of the forward plan (what the forward did not keep)
@@ -2415,6 +2423,7 @@ def _backward(inputs, initial_state, do, d_final_state, d_route, cu_seqlens, sca
         grads[n] = g
     grads = {n: g.to(x[n].dtype) for n, g in grads.items()}
     dstates = {"S": bufs["ds0"].reshape(shapes["S"])}
+    dstates.update({n: bufs[b[3]].reshape(shapes[n]) for n, b in _STATISTICS.items()})
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         dstates = {n: g.to(initial_state[n].dtype) if n in initial_state else g for n, g in dstates.items()}
     return grads, dstates
