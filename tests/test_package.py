@@ -24,12 +24,16 @@ SPECS = sorted(ROOT.glob("specs/*.dgps"))
 def test_rendering_is_deterministic_and_fast(path: Path) -> None:
     rec = dgps.load(path)
     render_package(rec)  # warm the template caches: the claim is about steady-state spec -> source
-    t0 = time.perf_counter()
-    first = render_package(dgps.load(path))
-    elapsed = time.perf_counter() - t0
-    second = render_package(dgps.load(path))
-    assert first == second
-    assert elapsed < 0.5, f"{path.stem}: spec -> source took {elapsed:.3f} s"
+    # the process's CPU time, best of three: the work spec -> source takes, not the waits of a loaded CI host (the
+    # suite's other worker, a hypervisor's steal), which once took a 0.05 s render past 0.5 s of wall clock
+    elapsed, renders = [], []
+    for _ in range(3):
+        t0 = time.process_time()
+        renders.append(render_package(dgps.load(path)))
+        elapsed.append(time.process_time() - t0)
+    first, second = renders[0], renders[1]
+    assert first == second == renders[2]
+    assert min(elapsed) < 0.5, f"{path.stem}: spec -> source took {min(elapsed):.3f} s of CPU time"
     meta = json.loads(first["metadata.json"])
     assert meta["spec_sha256"] and meta["triton_version"] and meta["dgps_version"] == dgps.__version__
     assert {"__init__.py", "recurrent.py", "backward.py", "spec.dgps"} <= set(first)

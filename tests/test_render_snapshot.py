@@ -1,5 +1,6 @@
-"""scripts/render_snapshot.py, the check a codegen refactor runs: a snapshot compares identical with the tree that
-rendered it, a comment-only change passes, a changed line of code fails and is shown."""
+"""scripts/render_snapshot.py, the check a codegen refactor runs: a snapshot (every spec's chunk module and recurrent
+forward and backward modules) compares identical with the tree that rendered it, a comment-only change passes, a
+changed line of code fails and is shown."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ def test_a_snapshot_holds_a_refactor_to_the_kernels_it_rendered(tmp_path: Path,
     assert snapshot.main(["save", str(path), "--fuzz", "3"]) == 0
     assert snapshot.main(["compare", str(path)]) == 0
     rendered = json.loads(path.read_text())
-    assert sum(name.startswith("fuzz") for name in rendered) == 3 and "specs/gdn.dgps" in rendered
+    # each spec's chunk module and its recurrent forward and backward modules
+    assert sum(name.startswith("fuzz") and "[" not in name for name in rendered) == 3
+    assert {"specs/gdn.dgps", "specs/gdn.dgps [recurrent]", "specs/gdn.dgps [recurrent_bwd]"} <= set(rendered)
+    assert len(rendered) == 3 * sum("[" not in name for name in rendered)
     # a comment is not a change of code; a changed statement is
     gdn = rendered["specs/gdn.dgps"]
     rendered["specs/gdn.dgps"] = gdn.replace("@triton.jit", "# a note\n@triton.jit", 1)
@@ -34,3 +38,13 @@ def test_a_snapshot_holds_a_refactor_to_the_kernels_it_rendered(tmp_path: Path,
     assert snapshot.main(["compare", str(path)]) == 1
     out = capsys.readouterr().out
     assert "specs/gdn.dgps" in out and "code changed: 1" in out
+    # the recurrent modules are held to it too
+    rendered["specs/gdn.dgps"] = gdn
+    bwd = rendered["specs/gdn.dgps [recurrent_bwd]"]
+    assert "h_prev = st_h" in bwd
+    rendered["specs/gdn.dgps [recurrent_bwd]"] = bwd.replace("h_prev = st_h", "h_prev = st_h * 1.0", 1)
+    path.write_text(json.dumps(rendered))
+    capsys.readouterr()
+    assert snapshot.main(["compare", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "specs/gdn.dgps [recurrent_bwd]" in out and "code changed: 1" in out
