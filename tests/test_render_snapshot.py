@@ -22,29 +22,21 @@ def test_a_snapshot_holds_a_refactor_to_the_kernels_it_rendered(tmp_path: Path,
     path = tmp_path / "before.json"
     assert snapshot.main(["save", str(path), "--fuzz", "3"]) == 0
     assert snapshot.main(["compare", str(path)]) == 0
-    rendered = json.loads(path.read_text())
+    saved = json.loads(path.read_text())
     # each spec's chunk module and its recurrent forward and backward modules
-    assert sum(name.startswith("fuzz") and "[" not in name for name in rendered) == 3
-    assert {"specs/gdn.dgps", "specs/gdn.dgps [recurrent]", "specs/gdn.dgps [recurrent_bwd]"} <= set(rendered)
-    assert len(rendered) == 3 * sum("[" not in name for name in rendered)
-    # a comment is not a change of code; a changed statement is
-    gdn = rendered["specs/gdn.dgps"]
-    rendered["specs/gdn.dgps"] = gdn.replace("@triton.jit", "# a note\n@triton.jit", 1)
-    path.write_text(json.dumps(rendered))
-    assert snapshot.main(["compare", str(path)]) == 0
-    rendered["specs/gdn.dgps"] = gdn.replace("o_t = tl.arange(0, BT)", "o_t = tl.arange(0, BT) + 0", 1)
-    path.write_text(json.dumps(rendered))
-    capsys.readouterr()
-    assert snapshot.main(["compare", str(path)]) == 1
-    out = capsys.readouterr().out
-    assert "specs/gdn.dgps" in out and "code changed: 1" in out
-    # the recurrent modules are held to it too
-    rendered["specs/gdn.dgps"] = gdn
-    bwd = rendered["specs/gdn.dgps [recurrent_bwd]"]
-    assert "h_prev = st_h" in bwd
-    rendered["specs/gdn.dgps [recurrent_bwd]"] = bwd.replace("h_prev = st_h", "h_prev = st_h * 1.0", 1)
-    path.write_text(json.dumps(rendered))
-    capsys.readouterr()
-    assert snapshot.main(["compare", str(path)]) == 1
-    out = capsys.readouterr().out
-    assert "specs/gdn.dgps [recurrent_bwd]" in out and "code changed: 1" in out
+    assert sum(name.startswith("fuzz") and "[" not in name for name in saved) == 3
+    assert {"specs/gdn.dgps", "specs/gdn.dgps [recurrent]", "specs/gdn.dgps [recurrent_bwd]"} <= set(saved)
+    assert len(saved) == 3 * sum("[" not in name for name in saved)
+
+    def compare_with(module: str, old: str, new: str) -> tuple[int, str]:
+        """The tree compared with a snapshot in which `module` had `new` where the tree renders `old`."""
+        assert old in saved[module]
+        path.write_text(json.dumps({**saved, module: saved[module].replace(old, new, 1)}))
+        capsys.readouterr()
+        return snapshot.main(["compare", str(path)]), capsys.readouterr().out
+
+    # a comment is not a change of code; a changed statement is, in a chunk module and in a recurrent one
+    assert compare_with("specs/gdn.dgps", "@triton.jit", "# a note\n@triton.jit")[0] == 0
+    for module, old in (("specs/gdn.dgps", "o_t = tl.arange(0, BT)"), ("specs/gdn.dgps [recurrent_bwd]", "h_prev = st_h")):
+        status, out = compare_with(module, old, old + " * 1")
+        assert status == 1 and module in out and "code changed: 1" in out, out
